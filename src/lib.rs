@@ -1,0 +1,1 @@
+//! Examples and integration tests for lock-core.
