@@ -1,0 +1,519 @@
+//! [`LockClient`] and its builder: the one way in.
+
+use crate::backend::{Attempt, Backend, LockKeys, Node, redact};
+use crate::backoff::Backoff;
+use crate::error::{ErrorKind, LockError};
+use crate::guard::{Lease, LockGuard};
+use crate::token::Token;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The longest key accepted, prefix included.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The shortest ttl accepted: a renewal every ttl/3 must have a chance to
+/// finish a round trip.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest ttl or wait accepted (24 hours): anything longer is a unit
+/// mistake.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How one acquisition behaves: lease length, how long to wait, renewal,
+/// fencing.
+///
+/// ```
+/// use lock_core::LockOptions;
+/// use std::time::Duration;
+///
+/// let opts = LockOptions::new(Duration::from_secs(30))
+///     .wait(Duration::from_secs(2))
+///     .renew(true)
+///     .fencing(true);
+/// assert_eq!(opts.ttl(), Duration::from_secs(30));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: Option<Duration>,
+    renew: bool,
+    fencing: bool,
+}
+
+impl LockOptions {
+    /// A lease of `ttl`, renewed while held, waiting as long as the client's
+    /// default wait, without a fencing token.
+    pub fn new(ttl: Duration) -> LockOptions {
+        LockOptions {
+            ttl,
+            wait: None,
+            renew: true,
+            fencing: false,
+        }
+    }
+
+    /// How long [`LockClient::lock_with`] may wait for the lock.
+    /// `Duration::ZERO` makes exactly one attempt.
+    pub fn wait(mut self, wait: Duration) -> LockOptions {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Whether a heartbeat renews the lease every ttl/3 while the guard lives
+    /// (default `true`). Without renewal the lock simply expires after `ttl`
+    /// and the guard reports it lost from then on.
+    pub fn renew(mut self, renew: bool) -> LockOptions {
+        self.renew = renew;
+        self
+    }
+
+    /// Whether to take a fencing token: a number that grows with every
+    /// successive holder of the key, for the protected resource to check
+    /// (default `false`). It costs a counter key per lock key that never
+    /// expires.
+    pub fn fencing(mut self, fencing: bool) -> LockOptions {
+        self.fencing = fencing;
+        self
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait, when set; otherwise the client's default applies.
+    pub fn wait_time(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// Whether the lease is renewed.
+    pub fn renews(&self) -> bool {
+        self.renew
+    }
+
+    /// Whether a fencing token is taken.
+    pub fn fences(&self) -> bool {
+        self.fencing
+    }
+}
+
+/// A connection to where the locks live, shared by every task of a process.
+///
+/// Build one at startup with [`LockClient::builder`], then either install it
+/// with [`set_global_client`](crate::set_global_client) or pass it (by
+/// reference, `Arc` or clone: clones share one connection) to the code that
+/// locks. It is `Send + Sync`, and it keeps working when the tokio runtime it
+/// was built on has ended and another one uses it.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use std::time::Duration;
+///
+/// let client = lock_core::LockClient::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .key_prefix("myapp:lock:")
+///     .build()
+///     .await?;
+/// let guard = client.lock("order:42", Duration::from_secs(30)).await?;
+/// // ... only one holder across the fleet runs this ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) backend: Backend,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    pub(crate) op_timeout: Duration,
+    backoff: Backoff,
+    pub(crate) heartbeats: AtomicUsize,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend.describe())
+            .field("prefix", &self.inner.prefix)
+            .field("default_ttl", &self.inner.default_ttl)
+            .field("default_wait", &self.inner.default_wait)
+            .field("operation_timeout", &self.inner.op_timeout)
+            .finish()
+    }
+}
+
+impl LockClient {
+    /// Starts configuring a client.
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
+    /// Takes the lock `key` for `ttl`, waiting up to the client's default
+    /// wait. The lease is renewed until the guard is released or dropped.
+    ///
+    /// Errors: [`ErrorKind::Contended`] when the wait ran out,
+    /// [`ErrorKind::Unavailable`] when Redis did not answer,
+    /// [`ErrorKind::InvalidKey`], [`ErrorKind::Config`] for a ttl out of range.
+    pub async fn lock(&self, key: &str, ttl: Duration) -> Result<LockGuard, LockError> {
+        self.lock_with(key, LockOptions::new(ttl)).await
+    }
+
+    /// One attempt: `Ok(None)` when someone else holds the lock.
+    pub async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>, LockError> {
+        match self
+            .lock_with(key, LockOptions::new(ttl).wait(Duration::ZERO))
+            .await
+        {
+            Ok(guard) => Ok(Some(guard)),
+            Err(e) if e.kind() == ErrorKind::Contended => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the lock `key` as `options` say.
+    pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        let inner = &self.inner;
+        let ttl = options.ttl;
+        check_duration("ttl", ttl, MIN_TTL).map_err(|e| e.with_key(key))?;
+        let wait = options.wait.unwrap_or(inner.default_wait);
+        check_duration("wait", wait, Duration::ZERO).map_err(|e| e.with_key(key))?;
+        let storage_key = self.storage_key(key)?;
+        let fence_key = options.fencing.then(|| fence_key(&storage_key));
+
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut attempt: u32 = 0;
+        let mut token = Token::generate();
+        loop {
+            let sent = Instant::now();
+            let keys = LockKeys {
+                lock: &storage_key,
+                fence: fence_key.as_deref(),
+            };
+            let outcome = inner
+                .backend
+                .acquire(keys, &token, ttl, inner.op_timeout)
+                .await;
+            let last_error = match outcome {
+                Ok(Attempt::Granted { fence }) => {
+                    let lease = Lease::new(key.to_owned(), storage_key, token, fence, ttl, sent);
+                    return Ok(LockGuard::new(inner.clone(), lease, options.renew));
+                }
+                Ok(Attempt::Busy) => None,
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    // The SET may have been applied with its answer lost:
+                    // give that token up and never reuse it.
+                    self.spawn_release(storage_key.clone(), token);
+                    token = Token::generate();
+                    Some(e)
+                }
+                Err(e) => return Err(e.with_key(key).with_waited(started.elapsed())),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                let waited = now - started;
+                return Err(match last_error {
+                    Some(e) => e.with_key(key).with_waited(waited),
+                    None => LockError::new(ErrorKind::Contended)
+                        .with_key(key)
+                        .with_waited(waited),
+                });
+            }
+            let pause = inner.backoff.delay(attempt).min(deadline - now);
+            attempt = attempt.saturating_add(1);
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// The Redis key a lock named `key` is stored under: the prefix, then the
+    /// key inside braces (a hash tag, so the lock and its fence counter share
+    /// a Redis Cluster slot).
+    pub fn storage_key(&self, key: &str) -> Result<String, LockError> {
+        if key.is_empty() {
+            return Err(
+                LockError::new(ErrorKind::InvalidKey).with_message("a lock key must not be empty")
+            );
+        }
+        let len = self.inner.prefix.len() + key.len() + 2;
+        if len > MAX_KEY_LEN {
+            return Err(LockError::new(ErrorKind::InvalidKey).with_message(format!(
+                "the key is {len} bytes with its prefix; the limit is {MAX_KEY_LEN}"
+            )));
+        }
+        let mut out = String::with_capacity(len);
+        out.push_str(&self.inner.prefix);
+        out.push('{');
+        out.push_str(key);
+        out.push('}');
+        Ok(out)
+    }
+
+    /// The prefix every key this client writes starts with.
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The ttl used when none is given (the attribute without `ttl`).
+    pub fn default_ttl(&self) -> Duration {
+        self.inner.default_ttl
+    }
+
+    /// How long [`lock`](Self::lock) waits when no wait is given.
+    pub fn default_wait(&self) -> Duration {
+        self.inner.default_wait
+    }
+
+    /// The bound on each Redis call.
+    pub fn operation_timeout(&self) -> Duration {
+        self.inner.op_timeout
+    }
+
+    /// How many renewal heartbeats are running now: one per held guard with
+    /// renewal on. Back to zero once every guard is released or dropped.
+    pub fn heartbeats_running(&self) -> usize {
+        self.inner.heartbeats.load(Ordering::Acquire)
+    }
+
+    /// One round trip to Redis, bounded by the operation timeout.
+    pub async fn ping(&self) -> Result<(), LockError> {
+        self.inner.backend.ping(self.inner.op_timeout).await
+    }
+
+    fn spawn_release(&self, storage_key: String, token: Token) {
+        spawn_release(self.inner.clone(), storage_key, token);
+    }
+}
+
+/// Releases a lock in the background, bounded by the operation timeout; does
+/// nothing outside a tokio runtime (the lease then simply expires).
+pub(crate) fn spawn_release(inner: Arc<ClientInner>, storage_key: String, token: Token) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            let _ = inner
+                .backend
+                .release(&storage_key, &token, inner.op_timeout)
+                .await;
+        });
+    }
+}
+
+/// The fencing counter of a lock; shares its hash slot.
+fn fence_key(storage_key: &str) -> String {
+    let mut out = String::with_capacity(storage_key.len() + 6);
+    out.push_str(storage_key);
+    out.push_str(":fence");
+    out
+}
+
+fn check_duration(what: &str, value: Duration, min: Duration) -> Result<(), LockError> {
+    if value < min {
+        return Err(LockError::config(format!(
+            "{what} {value:?} is shorter than the minimum {min:?}"
+        )));
+    }
+    if value > MAX_DURATION {
+        return Err(LockError::config(format!(
+            "{what} {value:?} is longer than 24h; check the unit"
+        )));
+    }
+    Ok(())
+}
+
+/// Configures a [`LockClient`]. Every setting but the URL has a default.
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`key_prefix`](Self::key_prefix) | `"lock:"` |
+/// | [`default_ttl`](Self::default_ttl) | 30 s |
+/// | [`default_wait`](Self::default_wait) | 10 s |
+/// | [`operation_timeout`](Self::operation_timeout) | 2 s |
+/// | [`connect_timeout`](Self::connect_timeout) | 5 s |
+/// | [`backoff`](Self::backoff) | 10 ms doubling to 200 ms, full jitter |
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until .build().await"]
+pub struct LockClientBuilder {
+    urls: Vec<String>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    op_timeout: Duration,
+    connect_timeout: Duration,
+    backoff: Backoff,
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        LockClientBuilder {
+            urls: Vec::new(),
+            prefix: "lock:".to_owned(),
+            default_ttl: Duration::from_secs(30),
+            default_wait: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// The Redis server, as a `redis://` (or `rediss://`) URL; credentials
+    /// go in it as `redis://user:password@host:port/db`.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.urls.push(url.into());
+        self
+    }
+
+    /// The prefix of every key the client writes (default `"lock:"`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The ttl used when a caller gives none (the attribute without `ttl`).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// How long an acquisition waits when the caller gives no wait.
+    /// It is always bounded.
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// The bound on every Redis call (acquire attempt, renewal, release).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// The bound on opening a connection.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The delay between acquisition attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Checks the configuration, connects and proves the server answers.
+    ///
+    /// Errors: [`ErrorKind::Config`] for invalid settings or URL,
+    /// [`ErrorKind::Unavailable`] when the server cannot be reached within
+    /// the connect timeout, [`ErrorKind::Server`] when it refuses (wrong
+    /// password).
+    pub async fn build(self) -> Result<LockClient, LockError> {
+        let url = match self.urls.as_slice() {
+            [] => {
+                return Err(LockError::config(
+                    "no Redis URL: call .url(\"redis://host:6379\") on the builder",
+                ));
+            }
+            [url] => url.clone(),
+            more => {
+                return Err(LockError::config(format!(
+                    "{} URLs given; this version locks on exactly one Redis server",
+                    more.len()
+                )));
+            }
+        };
+        check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
+        check_duration("default_wait", self.default_wait, Duration::ZERO)?;
+        check_duration(
+            "operation_timeout",
+            self.op_timeout,
+            Duration::from_millis(1),
+        )?;
+        check_duration(
+            "connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(1),
+        )?;
+        if self.prefix.len() > MAX_KEY_LEN / 2 {
+            return Err(LockError::config(format!(
+                "key prefix is {} bytes; keep it under {}",
+                self.prefix.len(),
+                MAX_KEY_LEN / 2
+            )));
+        }
+        let node = Node::new(&url, self.connect_timeout)?;
+        let client = LockClient {
+            inner: Arc::new(ClientInner {
+                backend: Backend::Single(node),
+                prefix: self.prefix,
+                default_ttl: self.default_ttl,
+                default_wait: self.default_wait,
+                op_timeout: self.op_timeout,
+                backoff: self.backoff,
+                heartbeats: AtomicUsize::new(0),
+            }),
+        };
+        client
+            .inner
+            .backend
+            .ping(self.connect_timeout.max(self.op_timeout))
+            .await
+            .map_err(|e| {
+                e.with_message(format!(
+                    "cannot reach Redis at {}; check the URL and that the server runs",
+                    redact(&url)
+                ))
+            })?;
+        Ok(client)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn client_and_guard_are_send_sync() {
+        assert_send_sync::<LockClient>();
+        assert_send_sync::<LockGuard>();
+    }
+
+    #[tokio::test]
+    async fn builder_without_url_is_a_config_error() {
+        let err = LockClient::builder().build().await.err();
+        assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    #[tokio::test]
+    async fn bad_url_is_a_config_error() {
+        let err = LockClient::builder().url("http://nope").build().await.err();
+        assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    #[tokio::test]
+    async fn zero_ttl_is_a_config_error() {
+        let err = LockClient::builder()
+            .url("redis://127.0.0.1:1")
+            .default_ttl(Duration::ZERO)
+            .build()
+            .await
+            .err();
+        assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    #[test]
+    fn durations_out_of_range_are_rejected() {
+        assert!(check_duration("ttl", Duration::from_millis(9), MIN_TTL).is_err());
+        assert!(check_duration("ttl", Duration::from_secs(25 * 3600), MIN_TTL).is_err());
+        assert!(check_duration("ttl", Duration::from_secs(30), MIN_TTL).is_ok());
+        assert!(check_duration("wait", Duration::ZERO, Duration::ZERO).is_ok());
+    }
+}

@@ -1,0 +1,270 @@
+//! The one error type of the crate, and the kinds a caller matches on.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+/// What went wrong, in terms a caller can act on.
+///
+/// Match on this rather than on message text. New kinds may be added, so a
+/// `match` needs a wildcard arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Another owner held the lock for the whole wait.
+    Contended,
+    /// The lock was lost while it was held: it expired, was taken over, or
+    /// could not be renewed before its validity ran out.
+    Lost,
+    /// [`global_client`](crate::global_client) was called before
+    /// [`set_global_client`](crate::set_global_client).
+    NotInitialized,
+    /// [`set_global_client`](crate::set_global_client) was called a second time.
+    AlreadyInitialized,
+    /// Redis could not be reached or did not answer in time.
+    Unavailable,
+    /// Redis answered with an error (a permission denied by an ACL, a key of
+    /// the wrong type, a script error).
+    Server,
+    /// The lock key was empty or too long.
+    InvalidKey,
+    /// The client's configuration was invalid (bad URL, zero ttl, ...).
+    Config,
+}
+
+impl ErrorKind {
+    fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::Contended => "lock is held by another owner",
+            ErrorKind::Lost => "lock was lost",
+            ErrorKind::NotInitialized => "global lock client is not initialized",
+            ErrorKind::AlreadyInitialized => "global lock client is already initialized",
+            ErrorKind::Unavailable => "redis is unavailable",
+            ErrorKind::Server => "redis answered with an error",
+            ErrorKind::InvalidKey => "invalid lock key",
+            ErrorKind::Config => "invalid lock client configuration",
+        }
+    }
+}
+
+/// The error returned by every fallible operation of this crate.
+///
+/// It carries the [`ErrorKind`], the lock key concerned (when there is one),
+/// how long the caller waited (for acquisitions), a message saying what to do,
+/// and the underlying Redis error as [`source`](std::error::Error::source).
+pub struct LockError {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    key: Option<String>,
+    waited: Option<Duration>,
+    message: Option<String>,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl LockError {
+    pub(crate) fn new(kind: ErrorKind) -> Self {
+        LockError {
+            inner: Box::new(Inner {
+                kind,
+                key: None,
+                waited: None,
+                message: None,
+                source: None,
+            }),
+        }
+    }
+
+    pub(crate) fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.inner.key = Some(key.into());
+        self
+    }
+
+    pub(crate) fn with_waited(mut self, waited: Duration) -> Self {
+        self.inner.waited = Some(waited);
+        self
+    }
+
+    pub(crate) fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.inner.message = Some(message.into());
+        self
+    }
+
+    pub(crate) fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.inner.source = Some(Box::new(source));
+        self
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        LockError::new(ErrorKind::Config).with_message(message)
+    }
+
+    /// A lock that was lost while it was held.
+    pub(crate) fn lost(key: &str) -> Self {
+        LockError::new(ErrorKind::Lost)
+            .with_key(key)
+            .with_message("the lease expired or was taken over before the work finished")
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// The lock key this error concerns, as the caller named it.
+    pub fn key(&self) -> Option<&str> {
+        self.inner.key.as_deref()
+    }
+
+    /// How long the caller waited before this error, for acquisitions.
+    pub fn waited(&self) -> Option<Duration> {
+        self.inner.waited
+    }
+
+    /// `true` when the lock was held by someone else for the whole wait.
+    pub fn is_contended(&self) -> bool {
+        self.kind() == ErrorKind::Contended
+    }
+
+    /// `true` when the lock was lost while held.
+    pub fn is_lost(&self) -> bool {
+        self.kind() == ErrorKind::Lost
+    }
+
+    /// `true` when Redis could not be reached or timed out.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind() == ErrorKind::Unavailable
+    }
+
+    /// `true` when the operation timed out (a kind of [`ErrorKind::Unavailable`]).
+    pub fn is_timeout(&self) -> bool {
+        self.source_ref::<TimedOut>().is_some()
+    }
+
+    fn source_ref<T: StdError + 'static>(&self) -> Option<&T> {
+        self.inner
+            .source
+            .as_deref()
+            .and_then(|s| s.downcast_ref::<T>())
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.inner.kind.describe())?;
+        if let Some(key) = &self.inner.key {
+            write!(f, " (key {key:?}")?;
+            if let Some(waited) = self.inner.waited {
+                write!(f, ", waited {waited:?}")?;
+            }
+            f.write_str(")")?;
+        } else if let Some(waited) = self.inner.waited {
+            write!(f, " (waited {waited:?})")?;
+        }
+        if let Some(message) = &self.inner.message {
+            write!(f, ": {message}")?;
+        }
+        if let Some(source) = &self.inner.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("LockError");
+        d.field("kind", &self.inner.kind);
+        if let Some(key) = &self.inner.key {
+            d.field("key", key);
+        }
+        if let Some(waited) = &self.inner.waited {
+            d.field("waited", waited);
+        }
+        if let Some(message) = &self.inner.message {
+            d.field("message", message);
+        }
+        if let Some(source) = &self.inner.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl StdError for LockError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+/// The source of an [`ErrorKind::Unavailable`] error when Redis did not
+/// answer within the configured bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOut {
+    /// The bound that ran out.
+    pub after: Duration,
+}
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no answer within {:?}", self.after)
+    }
+}
+
+impl StdError for TimedOut {}
+
+/// Classifies a Redis error: connection trouble is `Unavailable`, an error
+/// the server answered with is `Server`.
+pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
+    let kind = match err.kind() {
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension => ErrorKind::Server,
+        redis::ErrorKind::AuthenticationFailed => ErrorKind::Server,
+        redis::ErrorKind::InvalidClientConfig => ErrorKind::Config,
+        _ => ErrorKind::Unavailable,
+    };
+    LockError::new(kind).with_source(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_key_wait_and_message() {
+        let err = LockError::new(ErrorKind::Contended)
+            .with_key("order:1")
+            .with_waited(Duration::from_millis(250))
+            .with_message("try again later");
+        let text = err.to_string();
+        assert!(text.contains("held by another owner"), "{text}");
+        assert!(text.contains("\"order:1\""), "{text}");
+        assert!(text.contains("250ms"), "{text}");
+        assert!(text.contains("try again later"), "{text}");
+        assert_eq!(err.key(), Some("order:1"));
+        assert!(err.is_contended());
+    }
+
+    #[test]
+    fn timeout_is_reachable_as_source() {
+        let err = LockError::new(ErrorKind::Unavailable).with_source(TimedOut {
+            after: Duration::from_secs(1),
+        });
+        assert!(err.is_timeout());
+        assert!(err.source().is_some());
+    }
+
+    #[test]
+    fn errors_are_send_sync_and_small() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<LockError>();
+        assert_eq!(
+            std::mem::size_of::<LockError>(),
+            std::mem::size_of::<usize>()
+        );
+    }
+}

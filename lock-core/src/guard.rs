@@ -1,0 +1,287 @@
+//! [`LockGuard`]: proof of ownership, the loss signal, release and `Drop`.
+
+use crate::client::{ClientInner, MIN_TTL, spawn_release};
+use crate::error::LockError;
+use crate::heartbeat;
+use crate::token::Token;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// The clock drift allowed for a lease of `ttl`: 1 % plus 2 ms, as in the
+/// Redlock reference. The local validity deadline ends this much before the
+/// server's expiry.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// What a held lock knows about itself; shared by the guard and its
+/// heartbeat.
+pub(crate) struct Lease {
+    pub(crate) key: String,
+    pub(crate) storage_key: String,
+    pub(crate) token: Token,
+    pub(crate) fence: Option<u64>,
+    ttl_ms: AtomicU64,
+    /// Until when we may trust that we own the lock: the start of the last
+    /// successful acquire or renew, plus ttl, minus drift. Monotonic clock.
+    valid_until: Mutex<Instant>,
+    lost: AtomicBool,
+    lost_notify: Notify,
+    /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
+    /// never land after a newer one and shorten the lease behind our back.
+    pub(crate) renewing: tokio::sync::Mutex<()>,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        key: String,
+        storage_key: String,
+        token: Token,
+        fence: Option<u64>,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Lease {
+        Lease {
+            key,
+            storage_key,
+            token,
+            fence,
+            ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            valid_until: Mutex::new(validity_end(sent, ttl)),
+            lost: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+            renewing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a successful renewal sent at `sent` for `ttl`.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        self.ttl_ms.store(
+            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+        let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
+        *until = validity_end(sent, ttl);
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost();
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            self.lost_notify.notify_waiters();
+        }
+    }
+
+    pub(crate) async fn lost(&self) {
+        loop {
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            // Wake at the validity deadline too: a lease that is not renewed
+            // (renewal off, or the heartbeat's runtime gone) is lost then.
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(self.valid_until()) => {}
+            }
+        }
+    }
+}
+
+fn validity_end(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(drift(ttl))
+}
+
+/// A held lock.
+///
+/// While it lives (and renewal is on) a heartbeat renews the lease every
+/// ttl/3. [`release`](Self::release) gives the lock up and says whether it was
+/// still ours; dropping the guard without releasing stops the heartbeat and
+/// releases in the background, without blocking.
+///
+/// Ownership can be lost while the guard is held (a pause longer than the
+/// ttl, Redis restarted without data, an operator deleting the key): watch
+/// [`is_lost`](Self::is_lost) or await [`lost`](Self::lost), and use
+/// [`fencing_token`](Self::fencing_token) with the protected resource when a
+/// late writer must be refused.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    client: Arc<ClientInner>,
+    lease: Arc<Lease>,
+    heartbeat: Option<AbortHandle>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease, renew: bool) -> LockGuard {
+        let lease = Arc::new(lease);
+        let heartbeat = renew.then(|| heartbeat::spawn(client.clone(), lease.clone()));
+        LockGuard {
+            client,
+            lease,
+            heartbeat,
+            released: false,
+        }
+    }
+
+    /// The key as the caller named it (without the client's prefix).
+    pub fn key(&self) -> &str {
+        &self.lease.key
+    }
+
+    /// The fencing token, when the lock was taken with fencing: larger for
+    /// every later holder of the same key. Pass it to the protected resource
+    /// and have it refuse writes carrying a smaller token than it has seen.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.lease.fence
+    }
+
+    /// The current lease length (changed by [`extend`](Self::extend)).
+    pub fn ttl(&self) -> Duration {
+        self.lease.ttl()
+    }
+
+    /// How long the lease is certainly still ours, by the local monotonic
+    /// clock; zero once lost.
+    pub fn remaining(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
+        self.lease
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// `true` once the lock is known lost: a renewal found another owner, or
+    /// the validity deadline passed without a successful renewal.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Completes when the lock is lost; never, if it stays held.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: &lock_core::LockClient) -> Result<(), lock_core::LockError> {
+    /// # async fn work() {}
+    /// let guard = client.lock("job", std::time::Duration::from_secs(10)).await?;
+    /// tokio::select! {
+    ///     () = work() => {}
+    ///     () = guard.lost() => eprintln!("lost the lock; work abandoned"),
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn lost(&self) {
+        self.lease.lost().await;
+    }
+
+    /// Sets the lease to `ttl` from now, if it is still ours; later renewals
+    /// use the new ttl.
+    ///
+    /// Errors: [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lock is no longer ours,
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when Redis did not answer in time (the
+    /// lease is unchanged, and the heartbeat keeps trying).
+    pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        if ttl < MIN_TTL || ttl > crate::client::MAX_DURATION {
+            return Err(LockError::config(format!(
+                "ttl {ttl:?} is out of range ({MIN_TTL:?} to 24h)"
+            ))
+            .with_key(self.key()));
+        }
+        if self.lease.is_lost() {
+            return Err(LockError::lost(self.key()));
+        }
+        let lease = &self.lease;
+        let _one = lease.renewing.lock().await;
+        let sent = Instant::now();
+        let limit = self.client.op_timeout;
+        match self
+            .client
+            .backend
+            .renew(&lease.storage_key, &lease.token, ttl, limit)
+            .await
+        {
+            Ok(true) => {
+                lease.renewed(sent, ttl);
+                Ok(())
+            }
+            Ok(false) => {
+                lease.mark_lost();
+                Err(LockError::lost(self.key()))
+            }
+            Err(e) => Err(e.with_key(self.key())),
+        }
+    }
+
+    /// Gives the lock up with compare-and-delete.
+    ///
+    /// `Ok(true)`: it was ours and is now free. `Ok(false)`: it had already
+    /// expired or been taken by another owner, whose lock is left untouched.
+    /// An error ([`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable)) comes within the operation
+    /// timeout; the lease then expires by itself.
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.released = true;
+        self.stop_heartbeat();
+        let lease = &self.lease;
+        let result = self
+            .client
+            .backend
+            .release(&lease.storage_key, &lease.token, self.client.op_timeout)
+            .await;
+        lease.mark_lost();
+        result.map_err(|e| e.with_key(self.key()))
+    }
+
+    fn stop_heartbeat(&mut self) {
+        if let Some(heartbeat) = self.heartbeat.take() {
+            heartbeat.abort();
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.stop_heartbeat();
+        if !self.released {
+            spawn_release(
+                self.client.clone(),
+                self.lease.storage_key.clone(),
+                self.lease.token.clone(),
+            );
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.lease.key)
+            .field("fencing_token", &self.lease.fence)
+            .field("lost", &self.lease.is_lost())
+            .finish()
+    }
+}

@@ -1,0 +1,195 @@
+//! What `#[distributed_lock]` expands to. **Not a stable API**: only the
+//! code the attribute generates may call it, and it changes without notice.
+
+use crate::client::{LockClient, LockOptions};
+use crate::error::LockError;
+use crate::global::global_client;
+use futures::FutureExt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use crate::current::LockInfo;
+
+/// What to do when the lock is lost while the body runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLost {
+    /// Drop the body at its next await and return a `Lost` error.
+    Abort,
+    /// Let the body finish and return its result.
+    Continue,
+}
+
+/// The attribute's arguments, checked at compile time.
+#[derive(Clone, Copy, Debug)]
+pub struct Attr {
+    /// `ttl = ".."`; `None`: the client's default.
+    pub ttl: Option<Duration>,
+    /// `wait = ".."`; `None`: the client's default.
+    pub wait: Option<Duration>,
+    /// `renew = ..`.
+    pub renew: bool,
+    /// `on_lost = ".."`.
+    pub on_lost: OnLost,
+    /// `fencing = ..`.
+    pub fencing: bool,
+}
+
+impl Attr {
+    /// The defaults of every optional argument.
+    pub const DEFAULT: Attr = Attr {
+        ttl: None,
+        wait: None,
+        renew: true,
+        on_lost: OnLost::Abort,
+        fencing: false,
+    };
+
+    fn options(&self, client: &LockClient) -> LockOptions {
+        let mut options = LockOptions::new(self.ttl.unwrap_or_else(|| client.default_ttl()))
+            .renew(self.renew)
+            .fencing(self.fencing);
+        if let Some(wait) = self.wait {
+            options = options.wait(wait);
+        }
+        options
+    }
+}
+
+/// Anything the attribute's `client = ..` may name: a `LockClient`, a
+/// reference to one, or an `Arc`/`Box` of one.
+pub trait AsLockClient {
+    /// The client.
+    fn as_lock_client(&self) -> &LockClient;
+}
+
+impl AsLockClient for LockClient {
+    fn as_lock_client(&self) -> &LockClient {
+        self
+    }
+}
+
+impl<T: AsLockClient + ?Sized> AsLockClient for &T {
+    fn as_lock_client(&self) -> &LockClient {
+        (**self).as_lock_client()
+    }
+}
+
+impl<T: AsLockClient + ?Sized> AsLockClient for &mut T {
+    fn as_lock_client(&self) -> &LockClient {
+        (**self).as_lock_client()
+    }
+}
+
+impl<T: AsLockClient + ?Sized> AsLockClient for Arc<T> {
+    fn as_lock_client(&self) -> &LockClient {
+        (**self).as_lock_client()
+    }
+}
+
+impl<T: AsLockClient + ?Sized> AsLockClient for Box<T> {
+    fn as_lock_client(&self) -> &LockClient {
+        (**self).as_lock_client()
+    }
+}
+
+/// The client named by `client = ..`.
+pub fn client<C: AsLockClient + ?Sized>(client: &C) -> Result<&LockClient, LockError> {
+    Ok(client.as_lock_client())
+}
+
+/// The process-wide client, for an attribute without `client = ..`.
+pub fn global() -> Result<&'static LockClient, LockError> {
+    global_client()
+}
+
+/// The error conversion every annotated function's error type must offer.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` needs a return type `Result<T, E>` where `E: From<lock_core::LockError>`",
+    label = "`{Self}` cannot hold a lock error",
+    note = "add `impl From<lock_core::LockError> for {Self}` (or use a `#[from] LockError` variant), or return `Result<T, lock_core::LockError>`"
+)]
+pub trait FromLockError {
+    /// Converts.
+    fn from_lock_error(err: LockError) -> Self;
+}
+
+impl<E: From<LockError>> FromLockError for E {
+    fn from_lock_error(err: LockError) -> Self {
+        E::from(err)
+    }
+}
+
+/// Pins an annotated function's return type to `Result<T, E>` with a lock
+/// error conversion, for a clear message when it is not.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` needs a return type `Result<T, E>` where `E: From<lock_core::LockError>`, found `{Self}`",
+    label = "not a `Result` whose error converts from `lock_core::LockError`"
+)]
+pub trait LockResult {
+    /// The success type.
+    type Ok;
+    /// The error type.
+    type Err: FromLockError;
+}
+
+impl<T, E: FromLockError> LockResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+}
+
+/// Runs `body` while holding the lock `key`: acquires (waiting as `attr`
+/// says), renews while the body runs, and releases on every exit path.
+///
+/// - Return (`Ok`, `Err`, `?`): the release is awaited before returning.
+/// - Panic: released, then the panic resumes.
+/// - The returned future dropped (timeout, `select!`, abort): the guard's
+///   `Drop` stops the heartbeat and releases in the background at once.
+/// - Lock lost while running: with [`OnLost::Abort`] the body is dropped at
+///   its next await and a `Lost` error is returned; with
+///   [`OnLost::Continue`] the body finishes and its result is returned.
+///
+/// Inside the body [`current_lock`](crate::current_lock) describes this lock.
+pub async fn run<T, E, F>(
+    client: Result<&LockClient, LockError>,
+    key: String,
+    attr: Attr,
+    body: F,
+) -> Result<T, E>
+where
+    E: FromLockError,
+    F: Future<Output = Result<T, E>>,
+{
+    let client = match client {
+        Ok(client) => client,
+        Err(e) => return Err(E::from_lock_error(e.with_key(key))),
+    };
+    let guard = match client.lock_with(&key, attr.options(client)).await {
+        Ok(guard) => guard,
+        Err(e) => return Err(E::from_lock_error(e)),
+    };
+    let info = LockInfo::new(key, guard.fencing_token());
+    let body = crate::current::scope(info, AssertUnwindSafe(body).catch_unwind());
+    let outcome = match attr.on_lost {
+        OnLost::Abort => {
+            tokio::select! {
+                biased;
+                outcome = body => Some(outcome),
+                () = guard.lost() => None,
+            }
+        }
+        OnLost::Continue => Some(body.await),
+    };
+    let lost = outcome.is_none().then(|| LockError::lost(guard.key()));
+    // Whatever the release says, the body's outcome stands: a failed release
+    // leaves the lease to expire by itself.
+    let _ = guard.release().await;
+    match (outcome, lost) {
+        (Some(Ok(result)), _) => result,
+        (Some(Err(panic)), _) => std::panic::resume_unwind(panic),
+        (None, lost) => Err(E::from_lock_error(
+            lost.unwrap_or_else(|| LockError::new(crate::ErrorKind::Lost)),
+        )),
+    }
+}

@@ -1,0 +1,49 @@
+//! The Lua scripts that make acquire, renew and release atomic.
+//!
+//! Each is sent with `EVALSHA`; `redis::Script` loads it and retries when the
+//! server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
+
+use redis::Script;
+use std::sync::LazyLock;
+
+/// Deletes the key only if it still holds our token.
+///
+/// `KEYS[1]` lock key, `ARGV[1]` token. Returns 1 when our lock was deleted,
+/// 0 when the key is gone or belongs to another owner. A plain `DEL` would
+/// delete the next owner's lock after ours expired.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0"#,
+    )
+});
+
+/// Sets a new expiry only if the key still holds our token.
+///
+/// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
+/// Returns 1 when extended, 0 when the lock is no longer ours.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 0"#,
+    )
+});
+
+/// `SET NX PX` and, when it succeeds, the next fencing token.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence counter (same hash slot), `ARGV[1]`
+/// token, `ARGV[2]` ttl in milliseconds. Returns the new fencing token, or 0
+/// when the lock is held. The counter never expires, so tokens keep growing
+/// across holders for as long as the server keeps its data.
+pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+  return redis.call("INCR", KEYS[2])
+end
+return 0"#,
+    )
+});
