@@ -63,3 +63,8 @@ pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, TimedOut};
 pub use global::{SetGlobalClientError, global_client, set_global_client};
 pub use guard::LockGuard;
+
+/// Runs an async function only while this process holds a distributed lock;
+/// see the `lock-macros` crate for the arguments.
+#[cfg(feature = "macros")]
+pub use lock_macros::distributed_lock;
