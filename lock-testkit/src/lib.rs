@@ -1,1 +1,68 @@
-//! placeholder
+//! Test support for the distributed-lock crates: throwaway `redis-server`
+//! processes and a fault-injecting TCP proxy.
+//!
+//! # Servers
+//!
+//! [`RedisServer::start`] spawns a private `redis-server` (found through
+//! [`redis_server_binary`]) on a free port of `127.0.0.1`, in a temporary
+//! directory of its own, and returns once it answers. Tests never touch a
+//! shared server on 6379. The handle can then:
+//!
+//! - hand out its [`url`](RedisServer::url), a synchronous
+//!   [`connection`](RedisServer::connection), or run a one-shot
+//!   [`cmd`](RedisServer::cmd) for assertions;
+//! - crash it ([`stop`](RedisServer::stop): `SIGKILL`, data lost), or
+//!   snapshot and crash it ([`save_and_stop`](RedisServer::save_and_stop)),
+//!   then bring it back on the same port ([`restart`](RedisServer::restart),
+//!   [`restart_empty`](RedisServer::restart_empty));
+//! - freeze it ([`pause`](RedisServer::pause): `SIGSTOP`, undone with
+//!   `SIGCONT` when the returned [`PauseGuard`] drops, even on panic).
+//!
+//! Dropping a [`RedisServer`] kills and reaps its process and deletes its
+//! directory, so no process outlives the test. [`start_servers`] starts
+//! several at once, for Redlock tests. Failures carry the server log.
+//!
+//! # Network faults
+//!
+//! A [`Proxy`] sits between a client and a server and can pass traffic,
+//! delay it, blackhole it (connections hang) or [`cut`](Proxy::cut) every
+//! connection. It runs on its own thread and runtime, independent of the
+//! test's runtime.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_testkit::{Proxy, ProxyMode, RedisServer};
+//!
+//! let mut server = RedisServer::start();
+//! let _: () = server.cmd(&["SET", "k", "v", "PX", "60000"]);
+//! assert!(server.cmd::<i64>(&["PTTL", "k"]) > 0);
+//!
+//! server.save_and_stop();
+//! server.restart();
+//! assert_eq!(server.cmd::<Option<String>>(&["GET", "k"]).as_deref(), Some("v"));
+//!
+//! let proxy = Proxy::start(server.addr());
+//! proxy.set_mode(ProxyMode::Delay(Duration::from_millis(50)));
+//! // ... point the code under test at proxy.url() ...
+//! proxy.set_mode(ProxyMode::Blackhole);
+//! proxy.cut();
+//! ```
+//!
+//! # Requirements
+//!
+//! A `redis-server` binary (set `REDIS_SERVER_BIN` or put it on `PATH`) and
+//! the `kill` command, on a Unix system.
+
+mod binary;
+mod error;
+mod probe;
+mod proxy;
+mod server;
+mod signal;
+
+pub use binary::{REDIS_SERVER_BIN_ENV, redis_server_binary};
+pub use error::TestkitError;
+pub use proxy::{Proxy, ProxyMode};
+pub use server::{PauseGuard, RedisServer, ServerBuilder, start_servers, try_start_servers};
