@@ -1,0 +1,533 @@
+//! lock-core against real `redis-server` processes started by the test kit.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{ErrorKind, LockClient, LockGuard, LockOptions};
+use lock_testkit::RedisServer;
+use redis::AsyncCommands;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const PREFIX: &str = "test:lock:";
+
+async fn client_for(server: &RedisServer) -> LockClient {
+    LockClient::builder()
+        .url(server.url())
+        .key_prefix(PREFIX)
+        .operation_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("client for {}: {e}\n{}", server.url(), server.log()))
+}
+
+fn storage_key(key: &str) -> String {
+    format!("{PREFIX}{{{key}}}")
+}
+
+/// Polls `check` until it holds, failing after `bound`.
+async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_one_holder_at_a_time_under_contention() {
+    let server = RedisServer::start();
+    let client = Arc::new(client_for(&server).await);
+    let counter_conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most_inside = Arc::new(AtomicUsize::new(0));
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 25;
+
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let client = client.clone();
+        let mut conn = counter_conn.clone();
+        let inside = inside.clone();
+        let most_inside = most_inside.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let opts = LockOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(60));
+                let guard = client.lock_with("counter", opts).await.unwrap();
+                let now_inside = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most_inside.fetch_max(now_inside, Ordering::SeqCst);
+                // A read-modify-write that loses updates unless exclusive.
+                let value: Option<u64> = conn.get("counter-value").await.unwrap();
+                tokio::task::yield_now().await;
+                let _: () = conn
+                    .set("counter-value", value.unwrap_or(0) + 1)
+                    .await
+                    .unwrap();
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap(), "lock expired mid-section");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        most_inside.load(Ordering::SeqCst),
+        1,
+        "two holders overlapped"
+    );
+    let total: u64 = server.cmd(&["GET", "counter-value"]);
+    assert_eq!(total, (TASKS * ROUNDS) as u64, "updates were lost");
+}
+
+#[tokio::test]
+async fn try_lock_on_a_held_key_returns_none() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let held = client.lock("k", Duration::from_secs(10)).await.unwrap();
+    let started = Instant::now();
+    assert!(
+        client
+            .try_lock("k", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "one attempt only"
+    );
+    assert!(held.release().await.unwrap());
+    let again = client.try_lock("k", Duration::from_secs(10)).await.unwrap();
+    assert!(again.is_some(), "free after release");
+}
+
+#[tokio::test]
+async fn wait_deadline_is_honoured_with_contended() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let _held = client.lock("k", Duration::from_secs(10)).await.unwrap();
+    let wait = Duration::from_millis(400);
+    let started = Instant::now();
+    let err = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(10)).wait(wait))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    assert_eq!(err.key(), Some("k"));
+    assert!(err.waited().unwrap() >= wait, "{err}");
+    assert!(took >= wait, "gave up early after {took:?}");
+    assert!(
+        took < wait + Duration::from_millis(400),
+        "overran: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_lock_once_it_is_released() {
+    let server = RedisServer::start();
+    let client = Arc::new(client_for(&server).await);
+    let held = client.lock("k", Duration::from_secs(10)).await.unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(10));
+            client.lock_with("k", opts).await
+        })
+    };
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    assert!(held.release().await.unwrap());
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("waiter stuck")
+        .unwrap();
+    assert!(got.is_ok(), "{:?}", got.err());
+}
+
+#[tokio::test]
+async fn renewal_keeps_the_lock_alive_for_several_ttls() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_millis(300);
+    let guard = client.lock("k", ttl).await.unwrap();
+    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    // Five ttls: without renewal the key would be long gone.
+    let until = Instant::now() + ttl * 5;
+    while Instant::now() < until {
+        let value: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+        assert_eq!(value.as_deref(), Some(token.as_str()), "lease expired");
+        assert!(!guard.is_lost());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn without_renewal_the_lease_expires_and_is_reported_lost() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_millis(200);
+    let guard = client
+        .lock_with("k", LockOptions::new(ttl).renew(false))
+        .await
+        .unwrap();
+    assert_eq!(client.heartbeats_running(), 0);
+    tokio::time::timeout(ttl * 3, guard.lost())
+        .await
+        .expect("loss not signalled after the ttl");
+    assert!(guard.is_lost());
+    assert_eq!(guard.remaining(), Duration::ZERO);
+}
+
+/// After the guard is gone, a key holding our token is no longer renewed.
+async fn assert_not_renewed(server: &RedisServer, client: &LockClient, token: &str, ttl: Duration) {
+    let key = storage_key("k");
+    // The key as a stale renewal would find it: still ours.
+    let _: () = server.cmd(&["SET", &key, token, "PX", &ttl.as_millis().to_string()]);
+    eventually(ttl * 4, "the key expires (nobody renews it)", || {
+        server.cmd::<Option<String>>(&["GET", &key]).is_none()
+    })
+    .await;
+    assert_eq!(client.heartbeats_running(), 0);
+}
+
+#[tokio::test]
+async fn renewal_stops_after_release() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_millis(300);
+    let guard = client.lock("k", ttl).await.unwrap();
+    assert_eq!(client.heartbeats_running(), 1);
+    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    assert!(guard.release().await.unwrap());
+    eventually(Duration::from_secs(2), "heartbeat ends", || {
+        client.heartbeats_running() == 0
+    })
+    .await;
+    assert_not_renewed(&server, &client, &token, ttl).await;
+}
+
+#[tokio::test]
+async fn drop_releases_and_stops_renewal() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_secs(10);
+    let guard = client.lock("k", ttl).await.unwrap();
+    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    drop(guard);
+    // Released in the background long before the 10 s ttl.
+    eventually(
+        Duration::from_secs(2),
+        "the dropped guard's key is deleted",
+        || {
+            server
+                .cmd::<Option<String>>(&["GET", &storage_key("k")])
+                .is_none()
+        },
+    )
+    .await;
+    assert!(
+        client.try_lock("k", ttl).await.unwrap().is_some(),
+        "free after drop"
+    );
+    eventually(Duration::from_secs(2), "heartbeats end", || {
+        client.heartbeats_running() == 0
+    })
+    .await;
+    assert_not_renewed(&server, &client, &token, Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_lock_taken_over_is_detected_as_lost_within_a_renewal_interval() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_millis(1500);
+    let guard = client.lock("k", ttl).await.unwrap();
+    let _: () = server.cmd(&["SET", &storage_key("k"), "someone-else", "PX", "60000"]);
+    let started = Instant::now();
+    tokio::time::timeout(ttl, guard.lost())
+        .await
+        .expect("loss not detected");
+    let took = started.elapsed();
+    // The next renewal (every ttl/3 = 500 ms) notices; the validity deadline
+    // (about 1.5 s) is not what fired.
+    assert!(took < ttl / 3 + Duration::from_millis(400), "took {took:?}");
+    assert!(guard.is_lost());
+    assert!(
+        !guard.release().await.unwrap(),
+        "release must say it was not ours"
+    );
+    let value: String = server.cmd(&["GET", &storage_key("k")]);
+    assert_eq!(value, "someone-else", "the new owner's key was touched");
+}
+
+#[tokio::test]
+async fn release_after_expiry_leaves_the_new_owner_alone() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let first = client
+        .lock_with(
+            "k",
+            LockOptions::new(Duration::from_millis(100)).renew(false),
+        )
+        .await
+        .unwrap();
+    first.lost().await;
+    let second = client
+        .lock_with(
+            "k",
+            LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    let second_token: String = server.cmd(&["GET", &storage_key("k")]);
+    assert!(
+        !first.release().await.unwrap(),
+        "the first owner no longer owned it"
+    );
+    let value: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+    assert_eq!(value, Some(second_token));
+    assert!(second.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn extend_sets_a_new_ttl_and_fails_once_lost() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let guard = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(2)).renew(false))
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    assert!(pttl > 50_000, "pttl {pttl}");
+    assert_eq!(guard.ttl(), Duration::from_secs(60));
+    let _: () = server.cmd(&["DEL", &storage_key("k")]);
+    let err = guard.extend(Duration::from_secs(60)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    assert!(guard.is_lost());
+}
+
+#[tokio::test]
+async fn scripts_survive_script_flush() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let opts = LockOptions::new(Duration::from_secs(5)).fencing(true);
+    let guard = client.lock_with("k", opts.clone()).await.unwrap();
+    guard.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    let guard = client.lock_with("k", opts).await.unwrap();
+    assert_eq!(guard.fencing_token(), Some(2));
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    guard.extend(Duration::from_secs(5)).await.unwrap();
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    assert!(guard.release().await.unwrap());
+    let value: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+    assert_eq!(value, None);
+}
+
+#[tokio::test]
+async fn tokens_are_long_random_and_new_for_every_acquisition() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..50 {
+        let guard = client.lock("k", Duration::from_secs(5)).await.unwrap();
+        let token: String = server.cmd(&["GET", &storage_key("k")]);
+        assert!(
+            token.len() >= 32,
+            "token {token:?} shorter than 16 bytes hex"
+        );
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token:?}");
+        assert!(seen.insert(token), "a token was reused");
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn keys_carry_the_prefix_and_ttl_is_in_milliseconds() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let guard = client
+        .lock("order:42", Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, vec![format!("{PREFIX}{{order:42}}")]);
+    assert_eq!(guard.key(), "order:42");
+    let pttl: i64 = server.cmd(&["PTTL", &keys[0]]);
+    assert!(pttl > 1000 && pttl <= 1500, "pttl {pttl}");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_across_holders() {
+    let server = RedisServer::start();
+    let client = Arc::new(client_for(&server).await);
+    let order = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let client = client.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let opts = LockOptions::new(Duration::from_secs(5))
+                    .wait(Duration::from_secs(30))
+                    .fencing(true);
+                let guard = client.lock_with("fenced", opts).await.unwrap();
+                order.lock().await.push(guard.fencing_token().unwrap());
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().await;
+    assert_eq!(order.len(), 80);
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "tokens out of order: {order:?}"
+    );
+    let plain = client.lock("fenced", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(plain.fencing_token(), None);
+}
+
+#[tokio::test]
+async fn redis_stopped_mid_hold_is_lost_and_release_is_bounded() {
+    let mut server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_millis(600);
+    let guard = client.lock("k", ttl).await.unwrap();
+    server.stop();
+    let started = Instant::now();
+    tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
+        .await
+        .expect("loss not detected with Redis down");
+    assert!(started.elapsed() <= ttl + Duration::from_millis(300));
+    let started = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < client.operation_timeout() + Duration::from_millis(500),
+        "release took {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let err = client
+        .lock_with("k", LockOptions::new(ttl).wait(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(300) + client.operation_timeout() * 2,
+        "lock took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn the_client_reconnects_after_a_restart() {
+    let mut server = RedisServer::start();
+    let client = client_for(&server).await;
+    client
+        .lock("k", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.restart();
+    // The first call may see the dead connection; within a couple of tries
+    // the client is back without being rebuilt.
+    let opts = LockOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(3));
+    let guard = client.lock_with("k", opts).await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn nothing_listening_fails_fast_with_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let err = LockClient::builder()
+        .url(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let text = err.to_string();
+    assert!(text.contains(&port.to_string()), "{text}");
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+#[tokio::test]
+async fn wrong_password_is_a_clear_error() {
+    let server = RedisServer::builder().password("right").start();
+    let url = server.url().replace(":right@", ":wrong@");
+    let err = LockClient::builder().url(url).build().await.unwrap_err();
+    assert_ne!(err.kind(), ErrorKind::Contended, "{err}");
+    assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
+    let ok = LockClient::builder().url(server.url()).build().await;
+    assert!(ok.is_ok(), "{:?}", ok.err());
+}
+
+#[tokio::test]
+async fn invalid_keys_are_rejected_before_any_round_trip() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let err = client.lock("", Duration::from_secs(1)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    let long = "x".repeat(2000);
+    let err = client
+        .lock(&long, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    let err = client.lock("k", Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert!(keys.is_empty());
+}
+
+#[test]
+fn a_client_outlives_the_runtime_that_built_it() {
+    let server = RedisServer::start();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let client = runtime().block_on(async {
+        let client = client_for(&server).await;
+        let guard: LockGuard = client.lock("k", Duration::from_secs(5)).await.unwrap();
+        assert!(guard.release().await.unwrap());
+        client
+    });
+    // The first runtime, and the connection task it drove, are gone. A single
+    // attempt must still work: no error for the caller to retry.
+    for _ in 0..3 {
+        runtime().block_on(async {
+            let guard = client
+                .try_lock("k", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .expect("the key is free");
+            assert!(!guard.is_lost());
+            assert!(guard.release().await.unwrap());
+        });
+    }
+}
