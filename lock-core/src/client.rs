@@ -1,6 +1,6 @@
 //! [`LockClient`] and its builder: the one way in.
 
-use crate::backend::{Attempt, Backend, LockKeys, Node, redact};
+use crate::backend::{Attempt, Backend, LockKeys, Node, Quorum, redact};
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{Lease, LockGuard};
@@ -219,12 +219,26 @@ impl LockClient {
             let now = Instant::now();
             if now >= deadline {
                 let waited = now - started;
-                return Err(match last_error {
-                    Some(e) => e.with_key(key).with_waited(waited),
-                    None => LockError::new(ErrorKind::Contended)
+                if let Some(e) = last_error {
+                    return Err(e.with_key(key).with_waited(waited));
+                }
+                // Only on this failure path: is the key a lock at all?
+                if let Some(kind) = inner
+                    .backend
+                    .foreign_type(&storage_key, inner.op_timeout)
+                    .await
+                {
+                    return Err(LockError::new(ErrorKind::Server)
                         .with_key(key)
-                        .with_waited(waited),
-                });
+                        .with_waited(waited)
+                        .with_message(format!(
+                            "Redis key {storage_key:?} holds a {kind}, not a lock; another \
+                             program uses it: choose another key or key prefix"
+                        )));
+                }
+                return Err(LockError::new(ErrorKind::Contended)
+                    .with_key(key)
+                    .with_waited(waited));
             }
             let pause = inner.backoff.delay(attempt).min(deadline - now);
             attempt = attempt.saturating_add(1);
@@ -345,6 +359,7 @@ pub struct LockClientBuilder {
     default_wait: Duration,
     op_timeout: Duration,
     connect_timeout: Duration,
+    node_timeout: Option<Duration>,
     backoff: Backoff,
 }
 
@@ -357,16 +372,40 @@ impl Default for LockClientBuilder {
             default_wait: Duration::from_secs(10),
             op_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
+            node_timeout: None,
             backoff: Backoff::default(),
         }
     }
 }
 
 impl LockClientBuilder {
-    /// The Redis server, as a `redis://` (or `rediss://`) URL; credentials
+    /// A Redis server, as a `redis://` (or `rediss://`) URL; credentials
     /// go in it as `redis://user:password@host:port/db`.
+    ///
+    /// Called once: locks live on that server. Called for three or more
+    /// independent primaries (or use [`urls`](Self::urls)): Redlock, where a
+    /// lock is held on a majority of them.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
+        self
+    }
+
+    /// Several independent Redis primaries (at least 3, not replicas of one
+    /// another): selects Redlock. Adds to any URL given before.
+    pub fn urls<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.urls.extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Redlock only: the bound on each server's answer. Default: 5 % of the
+    /// lock's ttl, at least 50 ms, at most the operation timeout. A server
+    /// that is down or slow costs at most this, never the whole wait.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
         self
     }
 
@@ -414,20 +453,20 @@ impl LockClientBuilder {
     /// the connect timeout, [`ErrorKind::Server`] when it refuses (wrong
     /// password).
     pub async fn build(self) -> Result<LockClient, LockError> {
-        let url = match self.urls.as_slice() {
-            [] => {
+        match self.urls.len() {
+            0 => {
                 return Err(LockError::config(
                     "no Redis URL: call .url(\"redis://host:6379\") on the builder",
                 ));
             }
-            [url] => url.clone(),
-            more => {
-                return Err(LockError::config(format!(
-                    "{} URLs given; this version locks on exactly one Redis server",
-                    more.len()
-                )));
+            2 => {
+                return Err(LockError::config(
+                    "2 Redis URLs: Redlock needs at least 3 independent servers \
+                     (2 cannot outvote one failure); give 1, or 3 or more",
+                ));
             }
-        };
+            _ => {}
+        }
         check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
         check_duration("default_wait", self.default_wait, Duration::ZERO)?;
         check_duration(
@@ -447,10 +486,26 @@ impl LockClientBuilder {
                 MAX_KEY_LEN / 2
             )));
         }
-        let node = Node::new(&url, self.connect_timeout)?;
+        if let Some(timeout) = self.node_timeout {
+            check_duration("node_timeout", timeout, Duration::from_millis(1))?;
+        }
+        let nodes = self
+            .urls
+            .iter()
+            .map(|url| Node::new(url, self.connect_timeout))
+            .collect::<Result<Vec<_>, _>>()?;
+        let backend = if nodes.len() == 1 {
+            nodes.into_iter().next().map(Backend::Single)
+        } else {
+            Some(Backend::Redlock(Quorum::new(nodes, self.node_timeout)))
+        };
+        let Some(backend) = backend else {
+            return Err(LockError::config("no Redis URL"));
+        };
+        let shown: Vec<String> = self.urls.iter().map(|u| redact(u)).collect();
         let client = LockClient {
             inner: Arc::new(ClientInner {
-                backend: Backend::Single(node),
+                backend,
                 prefix: self.prefix,
                 default_ttl: self.default_ttl,
                 default_wait: self.default_wait,
@@ -467,7 +522,7 @@ impl LockClientBuilder {
             .map_err(|e| {
                 e.with_message(format!(
                     "cannot reach Redis at {}; check the URL and that the server runs",
-                    redact(&url)
+                    shown.join(", ")
                 ))
             })?;
         Ok(client)

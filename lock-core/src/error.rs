@@ -143,6 +143,19 @@ impl LockError {
         self.source_ref::<TimedOut>().is_some()
     }
 
+    /// Per-server detail when a Redlock quorum could not be reached: which
+    /// servers failed and how. Empty otherwise.
+    pub fn node_errors(&self) -> &[NodeError] {
+        self.quorum_failure()
+            .map(QuorumFailure::failures)
+            .unwrap_or_default()
+    }
+
+    /// The whole quorum tally, when a Redlock quorum could not be reached.
+    pub fn quorum_failure(&self) -> Option<&QuorumFailure> {
+        self.source_ref::<QuorumFailure>()
+    }
+
     fn source_ref<T: StdError + 'static>(&self) -> Option<&T> {
         self.inner
             .source
@@ -217,6 +230,90 @@ impl fmt::Display for TimedOut {
 }
 
 impl StdError for TimedOut {}
+
+/// What went wrong on one server of a Redlock quorum.
+#[derive(Debug)]
+pub struct NodeError {
+    addr: String,
+    error: LockError,
+}
+
+impl NodeError {
+    pub(crate) fn new(addr: &str, error: LockError) -> NodeError {
+        NodeError {
+            addr: addr.to_owned(),
+            error,
+        }
+    }
+
+    /// The server's address (`host:port`).
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// What went wrong there.
+    pub fn error(&self) -> &LockError {
+        &self.error
+    }
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.addr, self.error)
+    }
+}
+
+/// The source of an error when a Redlock quorum could not be reached: how
+/// many servers granted, refused (held by another owner) or failed, and what
+/// went wrong on each failed one. Reach it with [`LockError::node_errors`].
+#[derive(Debug)]
+pub struct QuorumFailure {
+    pub(crate) granted: usize,
+    pub(crate) busy: usize,
+    pub(crate) needed: usize,
+    pub(crate) failures: Vec<NodeError>,
+}
+
+impl QuorumFailure {
+    /// Servers that said yes.
+    pub fn granted(&self) -> usize {
+        self.granted
+    }
+
+    /// Servers where another owner held the lock.
+    pub fn busy(&self) -> usize {
+        self.busy
+    }
+
+    /// How many servers had to agree.
+    pub fn needed(&self) -> usize {
+        self.needed
+    }
+
+    /// The servers that failed or did not answer in time.
+    pub fn failures(&self) -> &[NodeError] {
+        &self.failures
+    }
+}
+
+impl fmt::Display for QuorumFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of {} needed servers agreed ({} held elsewhere, {} failed",
+            self.granted,
+            self.needed,
+            self.busy,
+            self.failures.len()
+        )?;
+        for failure in &self.failures {
+            write!(f, "; {failure}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl StdError for QuorumFailure {}
 
 /// Classifies a Redis error: connection trouble is `Unavailable`, an error
 /// the server answered with is `Server`.

@@ -47,3 +47,22 @@ end
 return 0"#,
     )
 });
+
+/// Raises the fence counter to at least `ARGV[2]`, only while `KEYS[1]`
+/// still holds our token (Redlock fencing, second step).
+///
+/// `KEYS[1]` lock key, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]`
+/// the fencing token chosen for this acquisition. Returns 1 when the lock is
+/// ours here (and the counter is at least `ARGV[2]`), 0 otherwise.
+pub(crate) static LIFT_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
+  local current = tonumber(redis.call("GET", KEYS[2]) or "0")
+  if current < tonumber(ARGV[2]) then
+    redis.call("SET", KEYS[2], ARGV[2])
+  end
+  return 1
+end
+return 0"#,
+    )
+});

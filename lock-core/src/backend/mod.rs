@@ -1,12 +1,13 @@
-//! Where locks live. Today: one Redis server.
+//! Where locks live: one Redis server, or a Redlock quorum of several.
 
+mod commands;
 mod node;
+mod quorum;
 
-pub(crate) use node::Node;
-pub(crate) use node::redact;
+pub(crate) use node::{Node, redact};
+pub(crate) use quorum::Quorum;
 
 use crate::error::LockError;
-use crate::scripts;
 use crate::token::Token;
 use std::time::Duration;
 
@@ -19,20 +20,22 @@ pub(crate) enum Attempt {
     Busy,
 }
 
-/// The storage behind a client.
-pub(crate) enum Backend {
-    Single(Node),
-}
-
 /// The keys one lock touches; they share a hash slot.
 pub(crate) struct LockKeys<'a> {
     pub(crate) lock: &'a str,
     pub(crate) fence: Option<&'a str>,
 }
 
+/// The storage behind a client.
+// One per client, behind its Arc: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Backend {
+    Single(Node),
+    Redlock(Quorum),
+}
+
 impl Backend {
-    /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
-    /// script.
+    /// One acquisition attempt, bounded by `limit`.
     pub(crate) async fn acquire(
         &self,
         keys: LockKeys<'_>,
@@ -40,44 +43,14 @@ impl Backend {
         ttl: Duration,
         limit: Duration,
     ) -> Result<Attempt, LockError> {
-        let Backend::Single(node) = self;
-        let ttl_ms = ttl_millis(ttl);
-        match keys.fence {
-            None => {
-                let ok: Option<redis::Value> = node
-                    .call(limit, false, |mut conn| {
-                        let mut cmd = redis::cmd("SET");
-                        cmd.arg(keys.lock)
-                            .arg(token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(ttl_ms);
-                        async move { cmd.query_async(&mut conn).await }
-                    })
-                    .await?;
-                Ok(match ok {
-                    Some(_) => Attempt::Granted { fence: None },
-                    None => Attempt::Busy,
-                })
-            }
-            Some(fence_key) => {
-                let fence: u64 = node
-                    .call(limit, false, |mut conn| {
-                        let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
-                        inv.key(fence_key).arg(token).arg(ttl_ms);
-                        async move { inv.invoke_async(&mut conn).await }
-                    })
-                    .await?;
-                Ok(if fence == 0 {
-                    Attempt::Busy
-                } else {
-                    Attempt::Granted { fence: Some(fence) }
-                })
-            }
+        match self {
+            Backend::Single(node) => node.acquire(&keys, token, ttl, limit).await,
+            Backend::Redlock(quorum) => quorum.acquire(&keys, token, ttl, limit).await,
         }
     }
 
-    /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours.
+    /// Extends the lease to `ttl` if it is still ours. `Ok(false)`: it is
+    /// certainly not ours any more. An error: nobody can tell right now.
     pub(crate) async fn renew(
         &self,
         key: &str,
@@ -85,54 +58,60 @@ impl Backend {
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        let Backend::Single(node) = self;
-        let ttl_ms = ttl_millis(ttl);
-        let renewed: i64 = node
-            .call(limit, true, |mut conn| {
-                let mut inv = scripts::RENEW.key(key);
-                inv.arg(token).arg(ttl_ms);
-                async move { inv.invoke_async(&mut conn).await }
-            })
-            .await?;
-        Ok(renewed == 1)
+        match self {
+            Backend::Single(node) => node.renew(key, token, ttl, limit).await,
+            Backend::Redlock(quorum) => quorum.renew(key, token, ttl, limit).await,
+        }
     }
 
-    /// Compare-and-delete. `Ok(false)`: the lock was no longer ours.
+    /// Deletes the lock if it is ours. `Ok(false)`: it was not ours.
     pub(crate) async fn release(
         &self,
         key: &str,
         token: &Token,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        let Backend::Single(node) = self;
-        let released: i64 = node
-            .call(limit, true, |mut conn| {
-                let mut inv = scripts::RELEASE.key(key);
-                inv.arg(token);
-                async move { inv.invoke_async(&mut conn).await }
-            })
-            .await?;
-        Ok(released == 1)
+        match self {
+            Backend::Single(node) => node.release(key, token, limit).await,
+            Backend::Redlock(quorum) => quorum.release(key, token, limit).await,
+        }
     }
 
-    /// A round trip that proves the server answers.
+    /// A round trip that proves the servers answer (a majority of them for
+    /// Redlock).
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
-        let Backend::Single(node) = self;
-        node.call(limit, false, |mut conn| async move {
-            redis::cmd("PING").query_async::<String>(&mut conn).await
-        })
-        .await
-        .map(drop)
+        match self {
+            Backend::Single(node) => node.ping(limit).await,
+            Backend::Redlock(quorum) => quorum.ping(limit).await,
+        }
+    }
+
+    /// A type other than a string found at a lock key: some other program
+    /// uses the key, and waiting will never help.
+    pub(crate) async fn foreign_type(&self, key: &str, limit: Duration) -> Option<String> {
+        let nodes = match self {
+            Backend::Single(node) => std::slice::from_ref(node),
+            Backend::Redlock(quorum) => quorum.nodes(),
+        };
+        for node in nodes {
+            if let Ok(kind) = node.key_type(key, limit).await
+                && kind != "string"
+                && kind != "none"
+            {
+                return Some(kind);
+            }
+        }
+        None
     }
 
     /// Where the locks live, for messages.
     pub(crate) fn describe(&self) -> String {
-        let Backend::Single(node) = self;
-        node.addr().to_owned()
+        match self {
+            Backend::Single(node) => node.addr().to_owned(),
+            Backend::Redlock(quorum) => {
+                let addrs: Vec<&str> = quorum.nodes().iter().map(Node::addr).collect();
+                format!("redlock[{}]", addrs.join(", "))
+            }
+        }
     }
-}
-
-/// Milliseconds for `PX`/`PEXPIRE`, never below 1 (0 would be an error).
-fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }

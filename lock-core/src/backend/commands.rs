@@ -1,0 +1,136 @@
+//! The lock commands on one server.
+
+use super::{Attempt, LockKeys, Node};
+use crate::error::LockError;
+use crate::scripts;
+use crate::token::Token;
+use std::time::Duration;
+
+impl Node {
+    /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
+    /// script.
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Attempt, LockError> {
+        let ttl_ms = ttl_millis(ttl);
+        match keys.fence {
+            None => {
+                let ok: Option<redis::Value> = self
+                    .call(limit, false, |mut conn| {
+                        let mut cmd = redis::cmd("SET");
+                        cmd.arg(keys.lock)
+                            .arg(token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(ttl_ms);
+                        async move { cmd.query_async(&mut conn).await }
+                    })
+                    .await?;
+                Ok(match ok {
+                    Some(_) => Attempt::Granted { fence: None },
+                    None => Attempt::Busy,
+                })
+            }
+            Some(fence_key) => {
+                let fence: u64 = self
+                    .call(limit, false, |mut conn| {
+                        let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
+                        inv.key(fence_key).arg(token).arg(ttl_ms);
+                        async move { inv.invoke_async(&mut conn).await }
+                    })
+                    .await?;
+                Ok(if fence == 0 {
+                    Attempt::Busy
+                } else {
+                    Attempt::Granted { fence: Some(fence) }
+                })
+            }
+        }
+    }
+
+    /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours here.
+    pub(crate) async fn renew(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let ttl_ms = ttl_millis(ttl);
+        let renewed: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = scripts::RENEW.key(key);
+                inv.arg(token).arg(ttl_ms);
+                async move { inv.invoke_async(&mut conn).await }
+            })
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    /// Compare-and-delete. `Ok(false)`: the lock was no longer ours here.
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let released: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = scripts::RELEASE.key(key);
+                inv.arg(token);
+                async move { inv.invoke_async(&mut conn).await }
+            })
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// Raises the fence counter to at least `fence` while our lock is held
+    /// here. `Ok(false)`: the lock is not ours here (any more).
+    pub(crate) async fn lift_fence(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        fence: u64,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let Some(fence_key) = keys.fence else {
+            return Ok(true);
+        };
+        let lifted: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = scripts::LIFT_FENCE.key(keys.lock);
+                inv.key(fence_key).arg(token).arg(fence);
+                async move { inv.invoke_async(&mut conn).await }
+            })
+            .await?;
+        Ok(lifted == 1)
+    }
+
+    /// The Redis type of `key` (`"string"` for a lock, `"none"` when absent).
+    pub(crate) async fn key_type(&self, key: &str, limit: Duration) -> Result<String, LockError> {
+        self.call(limit, true, |mut conn| {
+            let mut cmd = redis::cmd("TYPE");
+            cmd.arg(key);
+            async move { cmd.query_async(&mut conn).await }
+        })
+        .await
+    }
+
+    /// A round trip that proves the server answers.
+    pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
+        self.call(limit, false, |mut conn| async move {
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        })
+        .await
+        .map(drop)
+    }
+}
+
+/// Milliseconds for `PX`/`PEXPIRE`, never below 1 (0 would be an error).
+fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}

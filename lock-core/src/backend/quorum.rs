@@ -1,0 +1,275 @@
+//! Redlock: a lock held on a majority of N independent Redis primaries.
+//!
+//! # Acquire
+//!
+//! 1. Note the start on the monotonic clock.
+//! 2. Send `SET NX PX` (or the fencing script) to all N servers at once,
+//!    each bounded by the per-server timeout, so a server that is down or
+//!    slow costs at most that timeout.
+//! 3. The lock is ours if a majority (`N/2 + 1`) granted it and time is
+//!    left: `ttl - elapsed - (ttl * 1% + 2 ms) > 0`.
+//! 4. Otherwise release it on *every* server, including those that did not
+//!    answer (their `SET` may have been applied), and report `Busy` when the
+//!    servers that answered were held by others, or `Unavailable` when too
+//!    few answered to decide.
+//!
+//! Renewal and release go to all servers; a renewal counts only when a
+//! majority renewed before the validity deadline, and the lock is lost for
+//! certain once more than `N - majority` servers say it is not ours.
+//!
+//! # Fencing across servers
+//!
+//! A per-server counter alone is not monotonic across quorums: failed
+//! attempts raise counters on some servers and not others, so the highest
+//! counter in one majority can be below that in another. With fencing on:
+//!
+//! 1. Each server runs one script: `SET NX PX`, and on success `INCR` its
+//!    fence counter. The token is `T = max` over the servers that granted.
+//! 2. On each granting server, a second script raises the counter to at
+//!    least `T`, only while our key still holds our token there.
+//! 3. The acquisition stands only if that lift succeeded on a majority
+//!    within the validity window; otherwise it is released and retried.
+//!
+//! Why a later holder B gets a larger token than an earlier holder A: A's
+//! lift succeeded on a majority `QA`, each while A's key existed there. B
+//! was granted by a majority `QB`, and `QA` and `QB` share a server `n`. B's
+//! `SET NX` on `n` succeeded only after A's key on `n` was gone, so after
+//! A's lift on `n` had set the counter to at least `T_A`; B's `INCR` on `n`
+//! then returned at least `T_A + 1`, and `T_B`, a maximum that includes it,
+//! is larger than `T_A`.
+//!
+//! What it assumes: servers do not lose their data (persistence with
+//! `appendfsync always`, or a restarted server kept out for longer than the
+//! longest ttl), and clocks drift within the 1 % allowance. A server that
+//! restarts empty resets its counter, and the argument above no longer holds
+//! for quorums that meet only on it.
+
+use super::{Attempt, LockKeys, Node};
+use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
+use crate::guard::drift;
+use crate::token::Token;
+use futures::future::join_all;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The shortest default per-server timeout.
+const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// N independent servers and the settings of the quorum.
+pub(crate) struct Quorum {
+    nodes: Vec<Node>,
+    /// Set explicitly; otherwise 5 % of the ttl, within
+    /// [`MIN_NODE_TIMEOUT`] and the operation timeout.
+    node_timeout: Option<Duration>,
+}
+
+impl Quorum {
+    pub(crate) fn new(nodes: Vec<Node>, node_timeout: Option<Duration>) -> Quorum {
+        Quorum {
+            nodes,
+            node_timeout,
+        }
+    }
+
+    pub(crate) fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// How many servers must agree.
+    pub(crate) fn majority(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// The bound on one server's answer for a lease of `ttl`, never above
+    /// `limit`.
+    pub(crate) fn node_timeout(&self, ttl: Duration, limit: Duration) -> Duration {
+        self.node_timeout
+            .unwrap_or_else(|| (ttl / 20).max(MIN_NODE_TIMEOUT))
+            .min(limit)
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Attempt, LockError> {
+        let started = Instant::now();
+        let per_node = self.node_timeout(ttl, limit);
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.acquire(keys, token, ttl, per_node)),
+        )
+        .await;
+        let mut tally = Tally::new(self.majority());
+        let mut fence = 0u64;
+        let mut granted_on = Vec::with_capacity(self.nodes.len());
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match answer {
+                Ok(Attempt::Granted { fence: f }) => {
+                    tally.granted += 1;
+                    fence = fence.max(f.unwrap_or(0));
+                    granted_on.push(node);
+                }
+                Ok(Attempt::Busy) => tally.busy += 1,
+                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
+            }
+        }
+        let valid_for = ttl
+            .checked_sub(started.elapsed())
+            .and_then(|left| left.checked_sub(drift(ttl)));
+        if tally.granted >= tally.needed && valid_for.is_some() {
+            if keys.fence.is_none() {
+                return Ok(Attempt::Granted { fence: None });
+            }
+            if self
+                .lift(keys, token, fence, &granted_on, started, ttl, per_node)
+                .await
+            {
+                return Ok(Attempt::Granted { fence: Some(fence) });
+            }
+        }
+        // Not ours: undo everywhere, the silent servers included.
+        self.release(keys.lock, token, per_node).await.ok();
+        if tally.granted + tally.busy < tally.needed {
+            return Err(tally.unavailable("too few Redis servers answered"));
+        }
+        if tally.granted >= tally.needed {
+            return Err(tally.unavailable(
+                "a majority granted the lock, but too late for any validity to remain",
+            ));
+        }
+        Ok(Attempt::Busy)
+    }
+
+    /// The second fencing step; `true` when it stood on a majority in time.
+    #[allow(clippy::too_many_arguments)]
+    async fn lift(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        fence: u64,
+        granted_on: &[&Node],
+        started: Instant,
+        ttl: Duration,
+        per_node: Duration,
+    ) -> bool {
+        let lifted = join_all(
+            granted_on
+                .iter()
+                .map(|node| node.lift_fence(keys, token, fence, per_node)),
+        )
+        .await;
+        let lifted = lifted.into_iter().filter(|r| matches!(r, Ok(true))).count();
+        lifted >= self.majority() && started.elapsed() + drift(ttl) < ttl
+    }
+
+    pub(crate) async fn renew(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let per_node = self.node_timeout(ttl, limit);
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.renew(key, token, ttl, per_node)),
+        )
+        .await;
+        let mut tally = Tally::new(self.majority());
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match answer {
+                Ok(true) => tally.granted += 1,
+                Ok(false) => tally.busy += 1,
+                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
+            }
+        }
+        if tally.granted >= tally.needed {
+            Ok(true)
+        } else if tally.busy > self.nodes.len() - tally.needed {
+            // A majority can no longer be ours.
+            Ok(false)
+        } else {
+            Err(tally.unavailable("could not renew on a majority of Redis servers"))
+        }
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &str,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let per_node = self.node_timeout.unwrap_or(limit).min(limit);
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.release(key, token, per_node)),
+        )
+        .await;
+        let mut tally = Tally::new(self.majority());
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match answer {
+                Ok(true) => tally.granted += 1,
+                Ok(false) => tally.busy += 1,
+                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
+            }
+        }
+        if tally.granted >= tally.needed {
+            Ok(true)
+        } else if tally.granted + tally.busy >= tally.needed {
+            Ok(false)
+        } else {
+            Err(tally.unavailable("could not release on a majority of Redis servers"))
+        }
+    }
+
+    pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
+        let answers = join_all(self.nodes.iter().map(|node| node.ping(limit))).await;
+        let mut tally = Tally::new(self.majority());
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match answer {
+                Ok(()) => tally.granted += 1,
+                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
+            }
+        }
+        if tally.granted >= tally.needed {
+            Ok(())
+        } else {
+            Err(tally.unavailable("too few Redis servers answered"))
+        }
+    }
+}
+
+struct Tally {
+    granted: usize,
+    busy: usize,
+    needed: usize,
+    failures: Vec<NodeError>,
+}
+
+impl Tally {
+    fn new(needed: usize) -> Tally {
+        Tally {
+            granted: 0,
+            busy: 0,
+            needed,
+            failures: Vec::new(),
+        }
+    }
+
+    fn unavailable(self, message: &str) -> LockError {
+        LockError::new(ErrorKind::Unavailable)
+            .with_message(message)
+            .with_source(QuorumFailure {
+                granted: self.granted,
+                busy: self.busy,
+                needed: self.needed,
+                failures: self.failures,
+            })
+    }
+}

@@ -1,0 +1,275 @@
+//! Lock loss and bounded waits under injected faults: paused servers,
+//! black-holed and cut connections, restarts, leaks, bad input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{ErrorKind, LockClient, LockOptions};
+use lock_testkit::{Proxy, ProxyMode, RedisServer};
+use std::io::Write;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const PREFIX: &str = "fault:";
+
+fn storage_key(key: &str) -> String {
+    format!("{PREFIX}{{{key}}}")
+}
+
+async fn client_at(url: String, op_timeout: Duration) -> LockClient {
+    LockClient::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .operation_timeout(op_timeout)
+        .connect_timeout(op_timeout)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Polls `check` until it holds, failing after `bound`.
+async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_server_paused_longer_than_the_ttl_makes_the_guard_lost_in_time() {
+    let server = RedisServer::start();
+    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let ttl = Duration::from_millis(600);
+    let acquired = Instant::now();
+    let guard = client.lock("k", ttl).await.unwrap();
+    let pause = server.pause();
+    tokio::time::timeout(ttl * 3, guard.lost())
+        .await
+        .expect("loss not reported while the server was frozen");
+    let lost_after = acquired.elapsed();
+    drop(pause);
+    // Lost no later than its validity deadline plus one renewal interval.
+    assert!(
+        lost_after <= ttl + ttl / 3,
+        "lost only after {lost_after:?} (ttl {ttl:?})"
+    );
+    assert!(guard.is_lost());
+}
+
+#[tokio::test]
+async fn a_black_holed_connection_bounds_lock_extend_and_release() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr());
+    let op_timeout = Duration::from_millis(300);
+    let client = client_at(proxy.url(), op_timeout).await;
+    let guard = client.lock("held", Duration::from_secs(10)).await.unwrap();
+    proxy.set_mode(ProxyMode::Blackhole);
+    let bound = op_timeout + Duration::from_millis(250);
+
+    let started = Instant::now();
+    let err = guard.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_timeout(), "{err}");
+    assert!(
+        started.elapsed() < bound,
+        "extend took {:?}",
+        started.elapsed()
+    );
+
+    let wait = Duration::from_millis(200);
+    let started = Instant::now();
+    let err = client
+        .lock_with(
+            "other",
+            LockOptions::new(Duration::from_secs(10)).wait(wait),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < wait + bound,
+        "lock took {:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < bound,
+        "release took {:?}",
+        started.elapsed()
+    );
+
+    // Healed: the same client works again without being rebuilt.
+    proxy.set_mode(ProxyMode::Pass);
+    let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(3));
+    let guard = client.lock_with("third", opts).await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_cut_connection_mid_hold_reconnects_and_never_stays_held_silently() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr());
+    let client = client_at(proxy.url(), Duration::from_millis(500)).await;
+    let ttl = Duration::from_millis(900);
+    let guard = client.lock("k", ttl).await.unwrap();
+    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    proxy.cut();
+    // Over two ttls, at every look: the guard is either reported lost, or
+    // the key really is still ours on the server.
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        if !guard.is_lost() {
+            let value: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+            assert_eq!(value.as_deref(), Some(token.as_str()), "held but not ours");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !guard.is_lost(),
+        "renewal did not reconnect after the cut; it must renew, the server is fine"
+    );
+    let opts = LockOptions::new(ttl).wait(Duration::from_secs(2));
+    let other = client.lock_with("other", opts).await.unwrap();
+    assert!(other.release().await.unwrap());
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn redis_restarted_empty_under_a_held_lock_makes_it_lost() {
+    let mut server = RedisServer::start();
+    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let ttl = Duration::from_millis(1500);
+    let acquired = Instant::now();
+    let guard = client.lock("k", ttl).await.unwrap();
+    server.restart_empty();
+    tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("loss not detected after an empty restart");
+    // The renewal (every 500 ms) answered "not ours": well before the
+    // validity deadline would have fired.
+    let lost_after = acquired.elapsed();
+    assert!(lost_after < ttl - ttl / 5, "lost only after {lost_after:?}");
+}
+
+fn client_connections(server: &RedisServer) -> usize {
+    // Includes the connection `cmd` itself opens, so counts compare.
+    server.cmd::<String>(&["CLIENT", "LIST"]).lines().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_heartbeat_or_connection_leaks_after_cycles_and_faults() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr());
+    let client = client_at(proxy.url(), Duration::from_millis(500)).await;
+    let baseline = client_connections(&server);
+    for round in 0..200 {
+        let key = format!("k{}", round % 7);
+        let guard = client.lock(&key, Duration::from_secs(5)).await.unwrap();
+        match round % 3 {
+            0 => drop(guard),
+            _ => {
+                guard.release().await.ok();
+            }
+        }
+        if round % 50 == 25 {
+            proxy.cut();
+        }
+    }
+    eventually(Duration::from_secs(5), "all heartbeats end", || {
+        client.heartbeats_running() == 0
+    })
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "connections back to baseline",
+        || client_connections(&server) <= baseline,
+    )
+    .await;
+    assert!(
+        proxy.connection_count() <= 1,
+        "{}",
+        proxy.connection_count()
+    );
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_a_clear_error() {
+    let server = RedisServer::start();
+    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let _: () = server.cmd(&["RPUSH", &storage_key("jobs"), "x"]);
+    let err = client
+        .lock_with(
+            "jobs",
+            LockOptions::new(Duration::from_secs(5)).wait(Duration::from_millis(100)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(err.to_string().contains("list"), "{err}");
+
+    // A lock whose key is replaced by something else cannot be released as ours.
+    let guard = client.lock("k", Duration::from_secs(5)).await.unwrap();
+    let _: () = server.cmd(&["DEL", &storage_key("k")]);
+    let _: () = server.cmd(&["RPUSH", &storage_key("k"), "x"]);
+    let err = guard.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+}
+
+/// A listener that is not Redis: answers one line of HTTP, or nothing.
+fn not_redis(answer: Option<&'static [u8]>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(8) {
+            let Ok(mut stream) = stream else { break };
+            match answer {
+                Some(bytes) => {
+                    let _ = stream.write_all(bytes);
+                }
+                None => held.push(stream),
+            }
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_url_to_a_non_redis_port_fails_clearly_without_hanging() {
+    let port = not_redis(Some(
+        b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n",
+    ));
+    let started = Instant::now();
+    let err = LockClient::builder()
+        .url(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_millis(500))
+        .operation_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Server),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&port.to_string()), "{err}");
+
+    let silent = not_redis(None);
+    let started = Instant::now();
+    let err = LockClient::builder()
+        .url(format!("redis://127.0.0.1:{silent}"))
+        .connect_timeout(Duration::from_millis(300))
+        .operation_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}

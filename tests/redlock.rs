@@ -1,0 +1,264 @@
+//! Redlock over independent `redis-server` processes, some of them stopped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{ErrorKind, LockClient, LockOptions};
+use lock_testkit::{RedisServer, start_servers};
+use rand::RngExt;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const PREFIX: &str = "rl:";
+
+fn storage_key(key: &str) -> String {
+    format!("{PREFIX}{{{key}}}")
+}
+
+async fn redlock_client(servers: &[RedisServer], node_timeout: Duration) -> LockClient {
+    LockClient::builder()
+        .urls(servers.iter().map(RedisServer::url))
+        .key_prefix(PREFIX)
+        .node_timeout(node_timeout)
+        .operation_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// How many servers hold `key` with the value `token`.
+fn holders(servers: &[RedisServer], key: &str, token: &str) -> usize {
+    servers
+        .iter()
+        .filter(|s| s.is_running())
+        .filter(|s| {
+            s.cmd::<Option<String>>(&["GET", &storage_key(key)])
+                .as_deref()
+                == Some(token)
+        })
+        .count()
+}
+
+/// The token held at `key` on the first running server that has one.
+fn token_of(servers: &[RedisServer], key: &str) -> String {
+    servers
+        .iter()
+        .filter(|s| s.is_running())
+        .find_map(|s| s.cmd::<Option<String>>(&["GET", &storage_key(key)]))
+        .expect("no server holds the key")
+}
+
+#[tokio::test]
+async fn two_urls_are_refused_at_build() {
+    let servers = start_servers(2);
+    let err = LockClient::builder()
+        .urls(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.to_string().contains("at least 3"), "{err}");
+}
+
+#[tokio::test]
+async fn a_lock_is_written_to_every_server_and_released_from_all() {
+    let servers = start_servers(5);
+    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let guard = client.lock("k", Duration::from_secs(5)).await.unwrap();
+    let token = token_of(&servers, "k");
+    assert_eq!(holders(&servers, "k", &token), 5);
+    assert!(
+        client
+            .try_lock("k", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(guard.release().await.unwrap());
+    assert_eq!(holders(&servers, "k", &token), 0);
+}
+
+#[tokio::test]
+async fn with_two_of_five_stopped_locks_are_granted_renewed_and_released() {
+    let mut servers = start_servers(5);
+    servers[0].stop();
+    servers[3].stop();
+    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let ttl = Duration::from_millis(600);
+    let guard = client.lock("k", ttl).await.unwrap();
+    let token = token_of(&servers, "k");
+    assert_eq!(holders(&servers, "k", &token), 3);
+    // Held across several ttls: renewal reaches the three live servers.
+    let until = Instant::now() + ttl * 4;
+    while Instant::now() < until {
+        assert!(!guard.is_lost(), "lost with a majority up");
+        assert_eq!(holders(&servers, "k", &token), 3, "lease expired somewhere");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A second owner is refused while it is held.
+    let other = client
+        .lock_with("k", LockOptions::new(ttl).wait(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert_eq!(other.kind(), ErrorKind::Contended, "{other}");
+    assert!(guard.release().await.unwrap());
+    assert_eq!(holders(&servers, "k", &token), 0);
+    let again = client.try_lock("k", ttl).await.unwrap();
+    assert!(again.is_some(), "free again after release");
+}
+
+#[tokio::test]
+async fn with_three_of_five_stopped_lock_is_unavailable_not_contended() {
+    let mut servers = start_servers(5);
+    let stopped: Vec<String> = [1, 2, 4]
+        .iter()
+        .map(|&i| {
+            servers[i].stop();
+            format!("127.0.0.1:{}", servers[i].port())
+        })
+        .collect();
+    // Building needs a majority too.
+    let err = LockClient::builder()
+        .urls(servers.iter().map(RedisServer::url))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+
+    // A client built while they were up, then three of them go down.
+    for i in [1, 2, 4] {
+        servers[i].restart();
+    }
+    let node_timeout = Duration::from_millis(200);
+    let client = redlock_client(&servers, node_timeout).await;
+    for i in [1, 2, 4] {
+        servers[i].stop();
+    }
+    let wait = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(5)).wait(wait))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        took <= wait + node_timeout + Duration::from_millis(150),
+        "took {took:?}"
+    );
+    let failed: Vec<&str> = err.node_errors().iter().map(|n| n.addr()).collect();
+    assert_eq!(failed.len(), 3, "{err}");
+    for addr in &stopped {
+        assert!(failed.contains(&addr.as_str()), "{addr} missing from {err}");
+    }
+    let tally = err.quorum_failure().unwrap();
+    assert_eq!((tally.granted(), tally.needed()), (2, 3));
+    // Nothing is left behind on the two live servers.
+    assert!(servers.iter().filter(|s| s.is_running()).all(|s| {
+        s.cmd::<Option<String>>(&["GET", &storage_key("k")])
+            .is_none()
+    }));
+}
+
+#[tokio::test]
+async fn a_majority_held_elsewhere_is_contended() {
+    let servers = start_servers(5);
+    for server in &servers[..3] {
+        let _: () = server.cmd(&["SET", &storage_key("k"), "other-owner", "PX", "60000"]);
+    }
+    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let err = client
+        .lock_with(
+            "k",
+            LockOptions::new(Duration::from_secs(5)).wait(Duration::ZERO),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    // The two servers it did get were given back.
+    for server in &servers[3..] {
+        let value: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+        assert_eq!(value, None);
+    }
+}
+
+#[tokio::test]
+async fn a_slow_server_costs_at_most_its_node_timeout() {
+    let servers = start_servers(5);
+    let node_timeout = Duration::from_millis(150);
+    let client = redlock_client(&servers, node_timeout).await;
+    let _paused = servers[2].pause();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let guard = client.lock("k", Duration::from_secs(5)).await.unwrap();
+        assert!(guard.release().await.unwrap());
+        let took = started.elapsed();
+        assert!(
+            took < node_timeout * 2 + Duration::from_millis(200),
+            "lock + release took {took:?}"
+        );
+    }
+}
+
+/// Redlock fencing: successive holders get strictly increasing tokens while
+/// servers stop (keeping their data) and come back, and others pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_holders_through_node_stops_and_restarts() {
+    let mut servers = start_servers(5);
+    let client = redlock_client(&servers, Duration::from_millis(150)).await;
+    let mut rng = rand::rng();
+    let mut last: Option<u64> = None;
+    let mut down: Vec<usize> = Vec::new();
+    let mut granted = 0;
+    const ROUNDS: usize = 100;
+    for round in 0..ROUNDS {
+        // Change the fleet: keep at most two servers down, and never lose
+        // data (a stopped server is saved first and comes back with it).
+        match rng.random_range(0..4) {
+            0 if down.len() < 2 => {
+                let i = rng.random_range(0..5);
+                if !down.contains(&i) {
+                    servers[i].save_and_stop();
+                    down.push(i);
+                }
+            }
+            1 if !down.is_empty() => {
+                let i = down.swap_remove(rng.random_range(0..down.len()));
+                servers[i].restart();
+            }
+            _ => {}
+        }
+        // A server that answers late: its grants may miss the window.
+        let paused = (round % 7 == 3).then(|| (0..5).find(|i| !down.contains(i)).unwrap_or(0));
+        let pause = paused.map(|i| servers[i].pause());
+        // Some holders let the lease run out instead of releasing it.
+        let let_expire = rng.random_range(0..4) == 0;
+        let opts = LockOptions::new(Duration::from_millis(if let_expire { 200 } else { 800 }))
+            .wait(Duration::from_secs(3))
+            .renew(!let_expire)
+            .fencing(true);
+        match client.lock_with("fenced", opts).await {
+            Ok(guard) => {
+                let token = guard.fencing_token().expect("fencing asked for");
+                if let Some(previous) = last {
+                    assert!(
+                        token > previous,
+                        "round {round}: token {token} after {previous} (down {down:?})"
+                    );
+                }
+                last = Some(token);
+                granted += 1;
+                if let_expire {
+                    drop(pause);
+                    guard.lost().await;
+                    continue;
+                }
+                guard.release().await.unwrap_or_default();
+            }
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "round {round}: {e}"),
+        }
+        drop(pause);
+    }
+    assert!(
+        granted > ROUNDS * 2 / 3,
+        "only {granted} of {ROUNDS} acquisitions succeeded"
+    );
+}
