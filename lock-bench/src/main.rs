@@ -1,0 +1,2 @@
+//! The benchmark (being written).
+fn main() {}
