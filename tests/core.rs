@@ -531,3 +531,47 @@ fn a_client_outlives_the_runtime_that_built_it() {
         });
     }
 }
+
+/// Script calls so far, from `INFO commandstats`.
+fn script_calls(server: &RedisServer) -> u64 {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_held_locks_are_renewed_in_batches() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let ttl = Duration::from_millis(600);
+    let mut guards = Vec::new();
+    for i in 0..500 {
+        guards.push(client.lock(&format!("batch:{i}"), ttl).await.unwrap());
+    }
+    assert_eq!(client.heartbeats_running(), 500);
+    let before = script_calls(&server);
+    let held_for = ttl * 4;
+    tokio::time::sleep(held_for).await;
+    let calls = script_calls(&server) - before;
+    assert!(guards.iter().all(|g| !g.is_lost()), "a lease was lost");
+    let alive: i64 = server.cmd(&["EXISTS", &storage_key("batch:0")]);
+    assert_eq!(alive, 1);
+    // One call per lock per renewal would be 500 * 4 * 3 = 6000.
+    assert!(
+        calls < 100,
+        "{calls} script calls to renew 500 locks for {held_for:?}"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(client.heartbeats_running(), 0);
+}

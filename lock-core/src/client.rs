@@ -4,10 +4,10 @@ use crate::backend::{Attempt, Backend, LockKeys, Node, Quorum, redact};
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{Lease, LockGuard};
+use crate::heartbeat::Heartbeat;
 use crate::token::Token;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -134,7 +134,7 @@ pub(crate) struct ClientInner {
     default_wait: Duration,
     pub(crate) op_timeout: Duration,
     backoff: Backoff,
-    pub(crate) heartbeats: AtomicUsize,
+    pub(crate) heartbeat: Heartbeat,
 }
 
 impl fmt::Debug for LockClient {
@@ -204,7 +204,7 @@ impl LockClient {
             let last_error = match outcome {
                 Ok(Attempt::Granted { fence }) => {
                     let lease = Lease::new(key.to_owned(), storage_key, token, fence, ttl, sent);
-                    return Ok(LockGuard::new(inner.clone(), lease, options.renew));
+                    return Ok(LockGuard::new(inner.clone(), lease, sent, options.renew));
                 }
                 Ok(Attempt::Busy) => None,
                 Err(e) if e.kind() == ErrorKind::Unavailable => {
@@ -289,10 +289,11 @@ impl LockClient {
         self.inner.op_timeout
     }
 
-    /// How many renewal heartbeats are running now: one per held guard with
-    /// renewal on. Back to zero once every guard is released or dropped.
+    /// How many leases the heartbeat is renewing now: one per held guard
+    /// with renewal on. Back to zero once every guard is released or
+    /// dropped.
     pub fn heartbeats_running(&self) -> usize {
-        self.inner.heartbeats.load(Ordering::Acquire)
+        self.inner.heartbeat.len()
     }
 
     /// One round trip to Redis, bounded by the operation timeout.
@@ -511,7 +512,7 @@ impl LockClientBuilder {
                 default_wait: self.default_wait,
                 op_timeout: self.op_timeout,
                 backoff: self.backoff,
-                heartbeats: AtomicUsize::new(0),
+                heartbeat: Heartbeat::default(),
             }),
         };
         client

@@ -2,14 +2,13 @@
 
 use crate::client::{ClientInner, MIN_TTL, spawn_release};
 use crate::error::LockError;
-use crate::heartbeat;
+use crate::heartbeat::{Enrolment, Heartbeat};
 use crate::token::Token;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 /// The clock drift allowed for a lease of `ttl`: 1 % plus 2 ms, as in the
@@ -34,7 +33,7 @@ pub(crate) struct Lease {
     lost_notify: Notify,
     /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
     /// never land after a newer one and shorten the lease behind our back.
-    pub(crate) renewing: tokio::sync::Mutex<()>,
+    pub(crate) renewing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Lease {
@@ -55,7 +54,7 @@ impl Lease {
             valid_until: Mutex::new(validity_end(sent, ttl)),
             lost: AtomicBool::new(false),
             lost_notify: Notify::new(),
-            renewing: tokio::sync::Mutex::new(()),
+            renewing: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -132,14 +131,19 @@ fn validity_end(sent: Instant, ttl: Duration) -> Instant {
 pub struct LockGuard {
     client: Arc<ClientInner>,
     lease: Arc<Lease>,
-    heartbeat: Option<AbortHandle>,
+    heartbeat: Option<Enrolment>,
     released: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: Arc<ClientInner>, lease: Lease, renew: bool) -> LockGuard {
+    pub(crate) fn new(
+        client: Arc<ClientInner>,
+        lease: Lease,
+        since: Instant,
+        renew: bool,
+    ) -> LockGuard {
         let lease = Arc::new(lease);
-        let heartbeat = renew.then(|| heartbeat::spawn(client.clone(), lease.clone()));
+        let heartbeat = renew.then(|| Heartbeat::join(&client, lease.clone(), since));
         LockGuard {
             client,
             lease,
@@ -257,8 +261,8 @@ impl LockGuard {
     }
 
     fn stop_heartbeat(&mut self) {
-        if let Some(heartbeat) = self.heartbeat.take() {
-            heartbeat.abort();
+        if let Some(enrolment) = self.heartbeat.take() {
+            self.client.heartbeat.leave(enrolment);
         }
     }
 }

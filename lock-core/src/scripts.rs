@@ -66,3 +66,23 @@ end
 return 0"#,
     )
 });
+
+/// [`RENEW`] for many locks in one call (the heartbeat's rounds).
+///
+/// `KEYS[i]` lock keys; `ARGV[2i-1]` the token and `ARGV[2i]` the ttl in
+/// milliseconds for `KEYS[i]`. Returns an array: 1 where extended, 0 where
+/// the lock is no longer ours. Keys of one call must share a server (and,
+/// in a cluster, a slot).
+pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.call("GET", key) == ARGV[2 * i - 1] then
+    renewed[i] = redis.call("PEXPIRE", key, ARGV[2 * i])
+  else
+    renewed[i] = 0
+  end
+end
+return renewed"#,
+    )
+});

@@ -2,8 +2,10 @@
 
 use super::{Attempt, LockKeys, Node};
 use crate::error::LockError;
+use crate::heartbeat::{BATCH, Due};
 use crate::scripts;
 use crate::token::Token;
+use futures::future::join_all;
 use std::time::Duration;
 
 impl Node {
@@ -69,6 +71,35 @@ impl Node {
             })
             .await?;
         Ok(renewed == 1)
+    }
+
+    /// [`renew`](Self::renew) for many leases in one script call each
+    /// [`BATCH`] of them; the answers in order.
+    pub(crate) async fn renew_many(
+        &self,
+        due: &[Due],
+        limit: Duration,
+    ) -> Result<Vec<bool>, LockError> {
+        let calls = due.chunks(BATCH).map(|chunk| {
+            self.call(limit, true, move |mut conn| {
+                let mut inv = scripts::RENEW_MANY.prepare_invoke();
+                for d in chunk {
+                    inv.key(d.lease.storage_key.as_str())
+                        .arg(&d.lease.token)
+                        .arg(ttl_millis(d.ttl));
+                }
+                async move { inv.invoke_async::<Vec<i64>>(&mut conn).await }
+            })
+        });
+        let mut renewed = Vec::with_capacity(due.len());
+        for answer in join_all(calls).await {
+            renewed.extend(answer?.into_iter().map(|r| r == 1));
+        }
+        if renewed.len() != due.len() {
+            return Err(LockError::new(crate::ErrorKind::Server)
+                .with_message("the batch renewal answered for the wrong number of keys"));
+        }
+        Ok(renewed)
     }
 
     /// Compare-and-delete. `Ok(false)`: the lock was no longer ours here.

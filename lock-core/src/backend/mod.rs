@@ -8,6 +8,7 @@ pub(crate) use node::{Node, redact};
 pub(crate) use quorum::Quorum;
 
 use crate::error::LockError;
+use crate::heartbeat::{Due, Renewal};
 use crate::token::Token;
 use std::time::Duration;
 
@@ -61,6 +62,26 @@ impl Backend {
         match self {
             Backend::Single(node) => node.renew(key, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.renew(key, token, ttl, limit).await,
+        }
+    }
+
+    /// Renews a round of leases; one answer per lease, in order.
+    pub(crate) async fn renew_many(&self, due: &[Due], limit: Duration) -> Vec<Renewal> {
+        match self {
+            Backend::Single(node) => match node.renew_many(due, limit).await {
+                Ok(renewed) => renewed
+                    .into_iter()
+                    .map(|r| {
+                        if r {
+                            Renewal::Renewed
+                        } else {
+                            Renewal::NotOurs
+                        }
+                    })
+                    .collect(),
+                Err(_) => due.iter().map(|_| Renewal::Failed).collect(),
+            },
+            Backend::Redlock(quorum) => quorum.renew_many(due, limit).await,
         }
     }
 

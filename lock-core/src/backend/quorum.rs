@@ -47,6 +47,7 @@
 use super::{Attempt, LockKeys, Node};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::guard::drift;
+use crate::heartbeat::{Due, Renewal};
 use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
@@ -196,6 +197,36 @@ impl Quorum {
         } else {
             Err(tally.unavailable("could not renew on a majority of Redis servers"))
         }
+    }
+
+    /// Renews a round of leases on every server; a lease is renewed when a
+    /// majority renewed it, certainly lost when more than `N - majority`
+    /// servers say it is not ours, and otherwise undecided (`Failed`).
+    pub(crate) async fn renew_many(&self, due: &[Due], limit: Duration) -> Vec<Renewal> {
+        let ttl = due.iter().map(|d| d.ttl).min().unwrap_or(limit);
+        let per_node = self.node_timeout(ttl, limit);
+        let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
+        let needed = self.majority();
+        let most_not_ours = self.nodes.len() - needed;
+        (0..due.len())
+            .map(|i| {
+                let (mut yes, mut no) = (0, 0);
+                for answer in answers.iter().flatten() {
+                    match answer.get(i) {
+                        Some(&true) => yes += 1,
+                        Some(&false) => no += 1,
+                        None => {}
+                    }
+                }
+                if yes >= needed {
+                    Renewal::Renewed
+                } else if no > most_not_ours {
+                    Renewal::NotOurs
+                } else {
+                    Renewal::Failed
+                }
+            })
+            .collect()
     }
 
     pub(crate) async fn release(
