@@ -121,22 +121,37 @@ impl<E: From<LockError>> FromLockError for E {
     }
 }
 
-/// Pins an annotated function's return type to `Result<T, E>` with a lock
-/// error conversion, for a clear message when it is not.
+/// Pins an annotated function's return type to `Result<T, E>`, for a clear
+/// message when it is not. The error conversion is checked separately, by
+/// `run`'s `E: FromLockError`, so that each mistake gets its own message.
+///
+/// Generated code passes the body's value and `run`'s result through the
+/// two (identity) conversions, so a return type that is not a `Result`
+/// fails here alone rather than in every expression that follows.
 #[diagnostic::on_unimplemented(
     message = "`#[distributed_lock]` needs a return type `Result<T, E>` where `E: From<lock_core::LockError>`, found `{Self}`",
     label = "not a `Result` whose error converts from `lock_core::LockError`"
 )]
-pub trait LockResult {
+pub trait LockResult: Sized {
     /// The success type.
     type Ok;
     /// The error type.
-    type Err: FromLockError;
+    type Err;
+    /// `self` as the `Result` it is.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+    /// The `Result` as `Self`.
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
 }
 
-impl<T, E: FromLockError> LockResult for Result<T, E> {
+impl<T, E> LockResult for Result<T, E> {
     type Ok = T;
     type Err = E;
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+    fn from_result(result: Result<T, E>) -> Self {
+        result
+    }
 }
 
 /// Runs `body` while holding the lock `key`: acquires (waiting as `attr`

@@ -1,8 +1,264 @@
-//! The `#[distributed_lock]` attribute (being written).
+//! The `#[distributed_lock]` attribute for [lock-core]: run an async
+//! function only while this process holds a distributed lock, with the key
+//! checked at compile time and the lock released on every exit path.
+//!
+//! Depend on `lock-core` and use the attribute through it
+//! (`lock_core::distributed_lock`, default feature `macros`); this crate is
+//! its implementation. See [`macro@distributed_lock`] for the arguments.
+//!
+//! ```ignore
+//! use lock_core::distributed_lock;
+//!
+//! #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
+//! async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
+//!     // Runs only while this process holds `order:<order_id>` across the
+//!     // fleet; renewed while it runs, released however it ends.
+//! #   todo!()
+//! }
+//! ```
+//!
+//! How it is built: `attr.rs` parses the arguments and the function,
+//! `template.rs` and `duration.rs` read the key template and the duration
+//! strings, `valid.rs` checks everything against the signature and reports
+//! each mistake on its token, and `expand.rs` generates the code (see its
+//! Input/Output comment).
+//!
+//! [lock-core]: https://docs.rs/lock-core
+#![warn(missing_docs)]
+
+mod attr;
+mod duration;
+mod expand;
+mod template;
+mod valid;
+
 use proc_macro::TokenStream;
 
-/// Placeholder: returns the item unchanged.
+/// Runs an `async fn` only while this process holds a distributed lock.
+///
+/// ```ignore
+/// use lock_core::distributed_lock;
+///
+/// #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
+/// async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
+///     let receipt = gateway().charge(order_id, amount).await?;
+///     Ok(receipt)
+/// }
+/// ```
+///
+/// The lock is taken before the body starts (waiting as long as `wait`
+/// says), renewed while the body runs, and released however the body ends.
+/// Inside the body, [`lock_core::current_lock()`] describes the lock: its
+/// rendered key and, with `fencing = true`, its fencing token.
+///
+/// The function must be an `async fn` returning `Result<T, E>` where
+/// `E: From<lock_core::LockError>`: when the lock cannot be taken (held
+/// elsewhere for the whole wait, Redis unreachable) or is lost while the
+/// body runs, the function returns that error, converted into `E`.
+///
+/// Arguments are `name = value`, in any order, each at most once. Only
+/// `key` is required.
+///
+/// | argument | value | default |
+/// | --- | --- | --- |
+/// | [`key`](#key) | string template | required |
+/// | [`ttl`](#ttl) | duration string | the client's default ttl |
+/// | [`wait`](#wait) | duration string | the client's default wait |
+/// | [`renew`](#renew) | `true` / `false` | `true` |
+/// | [`on_lost`](#on_lost) | `"abort"` / `"continue"` | `"abort"` |
+/// | [`fencing`](#fencing) | `true` / `false` | `false` |
+/// | [`client`](#client) | expression | the global client |
+/// | [`crate`](#crate) | string path | `"::lock_core"` |
+///
+/// # `key`
+///
+/// The lock's name: literal text plus placeholders `{name}` or
+/// `{name.field.sub}`, where `name` is a parameter of the function or
+/// `self`. The value is formatted with `Display`. `{{` and `}}` are literal
+/// braces. Placeholders are checked at compile time: a name that is not a
+/// parameter, an unbalanced brace, an empty key or an empty placeholder is
+/// an error on the key, and so is a value whose type is not `Display`.
+///
+/// ```ignore
+/// #[distributed_lock(key = "invoice:{customer.id}:{month}")]
+/// async fn bill(customer: &Customer, month: Month) -> Result<(), BillingError> { .. }
+///
+/// impl Tenant {
+///     #[distributed_lock(key = "tenant:{self.id}:reindex", client = self.locks)]
+///     async fn reindex(&self) -> Result<(), lock_core::LockError> { .. }
+/// }
+/// ```
+///
+/// A parameter bound by a destructuring pattern (`Point { x, y }: Point`)
+/// cannot be used: bind it to a name (`point: Point`) and write
+/// `{point.x}`.
+///
+/// The key is rendered once, before the body starts, from borrowed
+/// parameters, so the body may still move them.
+///
+/// # `ttl`
+///
+/// How long the lease lasts without renewal: `"500ms"`, `"30s"`, `"2m"`,
+/// `"1h"`, or a sum from the largest unit down like `"1m30s"`. Between 10ms
+/// and 24h. While the body runs the lease is renewed every ttl/3, so the
+/// ttl bounds how long the lock outlives a crashed holder, not how long the
+/// body may run.
+///
+/// ```ignore
+/// #[distributed_lock(key = "report:{day}", ttl = "2m")]
+/// async fn build_report(day: Date) -> Result<(), ReportError> { .. }
+/// ```
+///
+/// # `wait`
+///
+/// How long to wait for a lock held elsewhere before giving up with a
+/// `Contended` error; `"0s"` makes a single attempt, for work that only one
+/// replica should do and the others skip. At most 24h.
+///
+/// ```ignore
+/// #[distributed_lock(key = "cron:cleanup", wait = "0s")]
+/// async fn cleanup() -> Result<(), lock_core::LockError> { .. }
+/// ```
+///
+/// # `renew`
+///
+/// Whether a heartbeat renews the lease while the body runs (default
+/// `true`). With `renew = false` the lock expires after `ttl` whatever the
+/// body does, and counts as lost from then on (see `on_lost`).
+///
+/// ```ignore
+/// #[distributed_lock(key = "rate:{user_id}", ttl = "1s", renew = false)]
+/// async fn throttled(user_id: u64) -> Result<(), lock_core::LockError> { .. }
+/// ```
+///
+/// # `on_lost`
+///
+/// What happens when the lock is lost while the body runs (renewal found
+/// another owner, or could not reach Redis before the lease ran out):
+///
+/// - `"abort"` (default): the body is dropped at its next await and the
+///   function returns the `Lost` error.
+/// - `"continue"`: the body finishes and its result is returned; check
+///   fencing tokens or make the work idempotent.
+///
+/// ```ignore
+/// #[distributed_lock(key = "migrate:{table}", on_lost = "continue")]
+/// async fn migrate(table: &str) -> Result<(), MigrationError> { .. }
+/// ```
+///
+/// # `fencing`
+///
+/// Whether to take a fencing token (default `false`): a number that grows
+/// with every holder of the key, for the protected resource to refuse
+/// writes from a holder that lost the lock without noticing. Read it with
+/// `lock_core::current_lock()`.
+///
+/// ```ignore
+/// #[distributed_lock(key = "ledger:{account}", fencing = true)]
+/// async fn post(account: AccountId, entry: Entry) -> Result<(), LedgerError> {
+///     let token = lock_core::current_lock().and_then(|lock| lock.fencing_token());
+///     ledger().write(account, entry, token).await
+/// }
+/// ```
+///
+/// # `client`
+///
+/// The client to lock with: an expression giving a `LockClient`, a
+/// reference to one, or an `Arc`/`Box` of one. It is evaluated before the
+/// body starts and may use the parameters. Without it the function uses the
+/// process-wide client installed with `lock_core::set_global_client`, and
+/// returns a `NotInitialized` error if there is none.
+///
+/// ```ignore
+/// static LOCKS: OnceLock<LockClient> = OnceLock::new();
+///
+/// impl Worker {
+///     #[distributed_lock(key = "shard:{shard}", client = self.locks)]
+///     async fn run(self: Arc<Self>, shard: u32) -> Result<(), WorkerError> { .. }
+/// }
+/// ```
+///
+/// # `crate`
+///
+/// The path to lock-core, for a dependency renamed in `Cargo.toml`
+/// (`locks = { package = "lock-core", .. }`). Generated code reaches
+/// lock-core only through this path.
+///
+/// ```ignore
+/// #[locks::distributed_lock(key = "job", crate = "::locks")]
+/// async fn job() -> Result<(), locks::LockError> { .. }
+/// ```
+///
+/// # Exit paths
+///
+/// - `Ok`, `Err`, `?` and `return`: the lock is released before the
+///   function returns.
+/// - A panic in the body: the lock is released, then the panic continues.
+/// - The caller drops the future (a timeout, `select!`, an aborted task):
+///   the lock is released in the background at once, not after the ttl.
+/// - The lock is lost while the body runs: see `on_lost`.
+///
+/// # Compile errors
+///
+/// Each is reported on the token to fix, several at once, and the function
+/// is still emitted so the rest of the crate keeps type-checking: an
+/// unknown or repeated argument, a missing `key`, a key placeholder that
+/// names no parameter (the message lists those that exist), an unbalanced
+/// brace, an empty key or placeholder, a malformed or zero duration, a ttl
+/// under 10ms or a ttl or wait over 24h, an `on_lost` that is neither
+/// `"abort"` nor `"continue"`, a function that is not `async` or is
+/// `const`, and a return type that is not `Result<T, E>` with
+/// `E: From<lock_core::LockError>`.
+///
+/// [`lock_core::current_lock()`]: https://docs.rs/lock-core/latest/lock_core/fn.current_lock.html
 #[proc_macro_attribute]
-pub fn distributed_lock(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    let original = proc_macro2::TokenStream::from(item.clone());
+    let func = match syn::parse::<attr::LockedFn>(item) {
+        Ok(func) => func,
+        Err(e) => return with_item(e, original),
+    };
+    let args = syn::parse::<attr::Args>(args);
+    match valid::check(&args, &func) {
+        Ok(lock) => expand::expand(&func, &lock).into(),
+        Err(e) => with_item(e, original),
+    }
+}
+
+/// The errors, then the function unchanged, so the rest of the crate still
+/// sees it and type-checks.
+fn with_item(errors: syn::Error, item: proc_macro2::TokenStream) -> TokenStream {
+    let mut out = errors.into_compile_error();
+    out.extend(item);
+    out.into()
+}
+
+/// Collects errors so one compile reports every mistake.
+#[derive(Default)]
+struct Errors(Vec<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, error: syn::Error) {
+        self.0.push(error);
+    }
+
+    fn append(&mut self, other: Errors) {
+        self.0.extend(other.0);
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// All the errors as one, in the order they were found.
+    fn finish(self) -> syn::Result<()> {
+        let mut errors = self.0.into_iter();
+        match errors.next() {
+            None => Ok(()),
+            Some(mut all) => {
+                all.extend(errors);
+                Err(all)
+            }
+        }
+    }
 }

@@ -1,0 +1,364 @@
+//! Code generation. It cannot fail: `valid.rs` has checked and resolved
+//! everything it reads.
+
+use crate::attr::LockedFn;
+use crate::valid::{Key, KeyPart, Lock, OnLost};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::LitStr;
+use syn::spanned::Spanned;
+
+/// Wraps the function's body in a lock.
+///
+/// The signature stays as written. The key is rendered first, from borrowed
+/// parameters, so the body may move them; the client named by `client = ..`
+/// is cloned (one reference count) for the same reason. The body becomes an
+/// `async move` block whose value is pinned to the declared return type, so
+/// `?` and `return` inside it convert into the function's error type as
+/// they did before. lock-core's `run` does the rest: acquire, renew, watch
+/// for loss, release on every exit path.
+///
+/// The body's value and `run`'s result pass through `LockResult`'s identity
+/// conversions, and everything generated around the body is spanned on the
+/// return type. A return type that is not a `Result` gets one error there
+/// (`LockResult`'s), and an error type without `From<LockError>` gets one
+/// error there (`run`'s `E: FromLockError`), each in the words of the
+/// trait's `#[diagnostic::on_unimplemented]`: rustc reports a failed bound
+/// once per span, and the conversions keep a non-`Result` type from
+/// cascading into mismatches in every expression that follows.
+///
+/// Input:
+///
+/// ```ignore
+/// #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
+/// pub async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
+///     let receipt = gateway.charge(order_id, amount).await?;
+///     Ok(receipt)
+/// }
+/// ```
+///
+/// Output:
+///
+/// ```ignore
+/// pub async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
+///     let __lock_attr_key = ::std::format!("order:{}", order_id);
+///     let __lock_attr_client = ::lock_core::__private::global();
+///     ::lock_core::__private::LockResult::from_result(
+///         ::lock_core::__private::run(
+///             __lock_attr_client,
+///             __lock_attr_key,
+///             ::lock_core::__private::Attr {
+///                 ttl: ::core::option::Option::Some(::core::time::Duration::from_millis(30000u64)),
+///                 ..::lock_core::__private::Attr::DEFAULT
+///             },
+///             async move {
+///                 let __lock_attr_ret: Result<Receipt, BillingError> = {
+///                     let receipt = gateway.charge(order_id, amount).await?;
+///                     Ok(receipt)
+///                 };
+///                 #[allow(unreachable_code)]
+///                 ::lock_core::__private::LockResult::into_result(__lock_attr_ret)
+///             },
+///         )
+///         .await,
+///     )
+/// }
+/// ```
+///
+/// With `client = self.locks` the client line becomes
+///
+/// ```ignore
+/// let __lock_attr_client = ::lock_core::__private::client(&(self.locks)).cloned();
+/// let __lock_attr_client = match __lock_attr_client {
+///     ::core::result::Result::Ok(ref client) => ::core::result::Result::Ok(client),
+///     ::core::result::Result::Err(e) => ::core::result::Result::Err(e),
+/// };
+/// ```
+///
+/// When the return type holds an `impl Trait`, which cannot be written
+/// inside the body, the conversions and the `__lock_attr_ret` line are left
+/// out: the body's type is inferred from `run`'s, whose bounds still
+/// require a `Result` whose error converts from `LockError`.
+pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
+    let LockedFn {
+        attrs,
+        vis,
+        sig,
+        body,
+    } = func;
+    let ret = lock.ret;
+    let inner_attrs = &body.inner_attrs;
+    let mut block = Group::new(Delimiter::Brace, body.stmts.clone());
+    block.set_span(body.brace);
+
+    let key = render_key(&lock.key);
+    let client = client(lock);
+    let attr = attr(lock);
+    let call = if lock.ret_nameable {
+        // Everything generated around the body is spanned on the return
+        // type (its first token: a proc macro cannot join spans on stable),
+        // so that each failed bound is reported there, and only once.
+        let span = ret.span();
+        let krate = respan(lock.krate.to_token_stream(), span);
+        let body = quote_spanned! {span=>
+            async move {
+                let __lock_attr_ret: #ret = #block;
+                #[allow(unreachable_code)]
+                #krate::__private::LockResult::into_result(__lock_attr_ret)
+            }
+        };
+        let args = quote! { __lock_attr_client, __lock_attr_key, #attr, #body };
+        quote_spanned! {span=>
+            #krate::__private::LockResult::from_result(#krate::__private::run(#args).await)
+        }
+    } else {
+        let krate = &lock.krate;
+        quote! {
+            #krate::__private::run(
+                __lock_attr_client,
+                __lock_attr_key,
+                #attr,
+                async move #block,
+            )
+            .await
+        }
+    };
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            let __lock_attr_key = #key;
+            #client
+            #call
+        }
+    }
+}
+
+/// `::std::format!("order:{}", order_id)`, with every value spanned on the
+/// key literal: a value without `Display` is reported there.
+fn render_key(key: &Key) -> TokenStream {
+    let mut format = String::new();
+    let mut values = Vec::new();
+    for part in &key.parts {
+        match part {
+            KeyPart::Text(text) => {
+                format.push_str(&text.replace('{', "{{").replace('}', "}}"));
+            }
+            KeyPart::Value { root, fields } => {
+                format.push_str("{}");
+                values.push(quote_spanned! {key.span=> #root #(.#fields)* });
+            }
+        }
+    }
+    let format = LitStr::new(&format, key.span);
+    quote_spanned! {key.span=> ::std::format!(#format #(, #values)*) }
+}
+
+/// Binds `__lock_attr_client`: the global client, or the one `client = ..`
+/// names. The latter is cloned so the body may move what it came from
+/// (`self: Arc<Self>`, `&mut self`).
+fn client(lock: &Lock<'_>) -> TokenStream {
+    let krate = &lock.krate;
+    match lock.client {
+        None => quote! {
+            let __lock_attr_client = #krate::__private::global();
+        },
+        Some(expr) => {
+            let lookup = quote_spanned! {expr.span()=>
+                #krate::__private::client(&(#expr))
+            };
+            quote! {
+                let __lock_attr_client = #lookup.cloned();
+                let __lock_attr_client = match __lock_attr_client {
+                    ::core::result::Result::Ok(ref __lock_attr_c) => ::core::result::Result::Ok(__lock_attr_c),
+                    ::core::result::Result::Err(__lock_attr_e) => ::core::result::Result::Err(__lock_attr_e),
+                };
+            }
+        }
+    }
+}
+
+/// The `Attr` constant: the arguments given, the defaults for the rest.
+fn attr(lock: &Lock<'_>) -> TokenStream {
+    let krate = &lock.krate;
+    let millis = |duration: std::time::Duration| {
+        let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        quote! {
+            ::core::option::Option::Some(::core::time::Duration::from_millis(#ms))
+        }
+    };
+    let mut fields = Vec::new();
+    if let Some(ttl) = lock.ttl {
+        let value = millis(ttl);
+        fields.push(quote! { ttl: #value });
+    }
+    if let Some(wait) = lock.wait {
+        let value = millis(wait);
+        fields.push(quote! { wait: #value });
+    }
+    if let Some(renew) = lock.renew {
+        fields.push(quote! { renew: #renew });
+    }
+    if let Some(on_lost) = lock.on_lost {
+        let variant = match on_lost {
+            OnLost::Abort => quote! { Abort },
+            OnLost::Continue => quote! { Continue },
+        };
+        fields.push(quote! { on_lost: #krate::__private::OnLost::#variant });
+    }
+    if let Some(fencing) = lock.fencing {
+        fields.push(quote! { fencing: #fencing });
+    }
+    if fields.is_empty() {
+        return quote! { #krate::__private::Attr::DEFAULT };
+    }
+    quote! {
+        #krate::__private::Attr {
+            #(#fields,)*
+            ..#krate::__private::Attr::DEFAULT
+        }
+    }
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner = Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                token = TokenTree::Group(inner);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::attr::Args;
+    use proc_macro2::TokenStream;
+
+    fn expand_str(args: TokenStream, item: TokenStream) -> String {
+        let args = syn::parse2::<Args>(args);
+        let func = syn::parse2::<LockedFn>(item).unwrap();
+        let lock = crate::valid::check(&args, &func).unwrap();
+        expand(&func, &lock).to_string()
+    }
+
+    fn words(text: &str) -> impl Iterator<Item = &str> {
+        text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|word| !word.is_empty())
+    }
+
+    /// Every word of the expansion that the user did not write.
+    fn generated_idents(expanded: &str, user: &str) -> Vec<String> {
+        let user: Vec<&str> = words(user).collect();
+        words(expanded)
+            .filter(|word| !user.contains(word))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn generated_names_are_prefixed_and_paths_absolute() {
+        let item = quote! {
+            pub async fn charge(order_id: u64, amount: u64) -> Result<u64, BillingError> {
+                let charged = pay(order_id, amount).await?;
+                Ok(charged)
+            }
+        };
+        let expanded = expand_str(
+            quote!(
+                key = "order:{order_id}",
+                ttl = "1m30s",
+                on_lost = "continue"
+            ),
+            item.clone(),
+        );
+        let user = item.to_string();
+        let words = generated_idents(&expanded, &user);
+        let allowed = [
+            "lock_core",
+            "__private",
+            "run",
+            "global",
+            "Attr",
+            "DEFAULT",
+            "ttl",
+            "on_lost",
+            "OnLost",
+            "Continue",
+            "core",
+            "option",
+            "Option",
+            "Some",
+            "time",
+            "Duration",
+            "from_millis",
+            "90000u64",
+            "std",
+            "format",
+            "LockResult",
+            "into_result",
+            "from_result",
+            "allow",
+            "unreachable_code",
+            "move",
+            // The text of the format string.
+            "order",
+        ];
+        for word in &words {
+            assert!(
+                word.starts_with("__lock_attr_") || allowed.contains(&word.as_str()),
+                "unexpected generated name `{word}` in {expanded}"
+            );
+        }
+        // Each crate path starts from the root: `:: lock_core :: ..`.
+        let spaced = expanded.replace(['(', '[', '{'], "( ");
+        let tokens: Vec<&str> = spaced.split_whitespace().collect();
+        for (i, token) in tokens.iter().enumerate() {
+            if ["lock_core", "core", "std"].contains(token) && tokens.get(i + 1) == Some(&"::") {
+                assert_eq!(tokens[i - 1], "::", "`{token}` without a leading `::`");
+            }
+        }
+        assert!(
+            expanded.contains("format ! (\"order:{}\" , order_id)"),
+            "{expanded}"
+        );
+        assert!(expanded.contains("from_millis (90000u64)"), "{expanded}");
+    }
+
+    #[test]
+    fn crate_argument_replaces_every_lock_core_path() {
+        let expanded = expand_str(
+            quote!(key = "job", crate = "::locks", client = self.locks),
+            quote! {
+                async fn job(&self) -> Result<(), locks::LockError> { Ok(()) }
+            },
+        );
+        assert!(!expanded.contains("lock_core"), "{expanded}");
+        assert!(
+            expanded.contains(":: locks :: __private :: client"),
+            "{expanded}"
+        );
+        assert!(
+            expanded.contains(":: locks :: __private :: run"),
+            "{expanded}"
+        );
+    }
+
+    #[test]
+    fn literal_braces_stay_literal_in_the_format_string() {
+        let expanded = expand_str(
+            quote!(key = "{{raw}}:{id}"),
+            quote! { async fn f(id: u32) -> Result<(), E> { Ok(()) } },
+        );
+        assert!(expanded.contains("\"{{raw}}:{}\""), "{expanded}");
+    }
+}

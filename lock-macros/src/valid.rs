@@ -1,0 +1,609 @@
+//! Semantic checks: everything that can be wrong with a parsed attribute and
+//! its function, each reported on the token to fix, all in one compile.
+//!
+//! What comes out, a [`Lock`], is everything `expand.rs` needs, already
+//! resolved, so generating the code cannot fail.
+
+use crate::Errors;
+use crate::attr::{Args, LockedFn};
+use crate::duration::{self, DurationError};
+use crate::template::{self, Root, Segment, TemplateError};
+use proc_macro2::Span;
+use quote::ToTokens;
+use std::time::Duration;
+use syn::visit::Visit;
+use syn::{Expr, FnArg, Ident, LitStr, Member, Pat, Path, ReturnType, Signature, Type};
+
+/// The shortest ttl: a renewal every ttl/3 must have a chance to finish a
+/// round trip. Same as `lock_core::MIN_TTL`.
+const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest ttl or wait (24 hours): anything longer is a unit mistake.
+/// Same as `lock_core::MAX_DURATION`.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A checked attribute on a checked function: what to generate.
+pub(crate) struct Lock<'a> {
+    /// The path to lock-core: `::lock_core` unless `crate = ".."` says otherwise.
+    pub(crate) krate: Path,
+    pub(crate) key: Key,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) renew: Option<bool>,
+    pub(crate) on_lost: Option<OnLost>,
+    pub(crate) fencing: Option<bool>,
+    pub(crate) client: Option<&'a Expr>,
+    /// The declared return type.
+    pub(crate) ret: &'a Type,
+    /// Whether the return type can be written inside the body: not when it
+    /// holds an `impl Trait`.
+    pub(crate) ret_nameable: bool,
+}
+
+/// `on_lost = ".."`.
+#[derive(Clone, Copy)]
+pub(crate) enum OnLost {
+    Abort,
+    Continue,
+}
+
+/// A key template whose placeholders all resolve.
+pub(crate) struct Key {
+    /// The key literal: errors about the values (a type without `Display`)
+    /// point at it.
+    pub(crate) span: Span,
+    pub(crate) parts: Vec<KeyPart>,
+}
+
+/// Literal text, or a value to format with `Display`.
+pub(crate) enum KeyPart {
+    Text(String),
+    /// `root.field.sub`, where `root` resolves to the parameter (or `self`)
+    /// of the signature.
+    Value {
+        root: Ident,
+        fields: Vec<Member>,
+    },
+}
+
+/// Checks the arguments against the function; collects every error.
+pub(crate) fn check<'a>(args: &'a syn::Result<Args>, func: &'a LockedFn) -> syn::Result<Lock<'a>> {
+    // Reported in source order: the attribute's errors, then the function's.
+    let mut errors = Errors::default();
+    let mut signature_errors = Errors::default();
+    let ret = check_signature(&func.sig, &mut signature_errors);
+    let lock = match args {
+        Ok(args) => {
+            if let Some(e) = &args.errors {
+                errors.push(e.clone());
+            }
+            check_args(args, &func.sig, ret, &mut errors)
+        }
+        Err(e) => {
+            errors.push(e.clone());
+            None
+        }
+    };
+    errors.append(signature_errors);
+    errors.finish()?;
+    // A missing part always comes with an error, so this is not reached.
+    lock.ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "`#[distributed_lock]` could not read its arguments",
+        )
+    })
+}
+
+fn check_signature<'a>(sig: &'a Signature, errors: &mut Errors) -> Option<&'a Type> {
+    let name = &sig.ident;
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new(
+            constness.span,
+            format!(
+                "`#[distributed_lock]` cannot go on a `const fn`: taking a lock happens at run time; remove `const` and write `async fn {name}`"
+            ),
+        ));
+    } else if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            format!(
+                "`#[distributed_lock]` needs an `async fn`: the lock is taken, renewed and released around the body's awaits; write `async fn {name}`"
+            ),
+        ));
+    }
+    match &sig.output {
+        ReturnType::Type(_, ty) => Some(ty),
+        ReturnType::Default => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.close(),
+                format!(
+                    "`{name}` returns nothing, but taking the lock can fail: `#[distributed_lock]` needs a return type `Result<T, E>` where `E: From<lock_core::LockError>`, like `-> Result<(), lock_core::LockError>`"
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// Checks the arguments; `None` when something is wrong (and reported).
+fn check_args<'a>(
+    args: &'a Args,
+    sig: &Signature,
+    ret: Option<&'a Type>,
+    errors: &mut Errors,
+) -> Option<Lock<'a>> {
+    let before = errors.len();
+    let key = match &args.key {
+        Some(lit) => check_key(lit, sig, errors),
+        None if args.key_written => None,
+        None => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "`#[distributed_lock]` needs a `key`: name the lock, with placeholders for parameters, like `#[distributed_lock(key = \"order:{order_id}\")]`",
+            ));
+            None
+        }
+    };
+    let ttl = args.ttl.as_ref().and_then(|lit| {
+        let ttl = check_duration("ttl", lit, errors)?;
+        let shown = restated(lit, ttl);
+        let problem = if ttl.is_zero() {
+            "is zero: the lease would end as it starts; give it a length like \"30s\"".to_owned()
+        } else if ttl < MIN_TTL {
+            format!(
+                "{shown}is shorter than 10ms: renewal runs every ttl/3 and needs a round trip to Redis in that time; use at least \"10ms\" (seconds are typical)"
+            )
+        } else if ttl > MAX_DURATION {
+            format!(
+                "{shown}is longer than 24h: check the unit; for long work keep a short ttl and let `renew` keep the lock alive"
+            )
+        } else {
+            return Some(ttl);
+        };
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!("`ttl = {}` {problem}", lit.to_token_stream()),
+        ));
+        None
+    });
+    let wait = args.wait.as_ref().and_then(|lit| {
+        let wait = check_duration("wait", lit, errors)?;
+        if wait > MAX_DURATION {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`wait = {}` {}is longer than 24h: check the unit; `wait = \"0s\"` makes a single attempt",
+                    lit.to_token_stream(),
+                    restated(lit, wait)
+                ),
+            ));
+            return None;
+        }
+        Some(wait)
+    });
+    let on_lost = args.on_lost.as_ref().and_then(|lit| match lit.value().as_str() {
+        "abort" => Some(OnLost::Abort),
+        "continue" => Some(OnLost::Continue),
+        other => {
+            let hint = closest(other, ["abort", "continue"])
+                .map(|word| format!("did you mean \"{word}\"? "))
+                .unwrap_or_default();
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`on_lost = {}` is not a choice: {hint}write \"abort\" (stop the body at its next await and return the Lost error) or \"continue\" (let the body finish)",
+                    lit.to_token_stream()
+                ),
+            ));
+            None
+        }
+    });
+    let krate = match &args.krate {
+        None => Some(syn::parse_quote!(::lock_core)),
+        Some(lit) => match lit.parse::<Path>() {
+            Ok(path) => Some(path),
+            Err(_) => {
+                errors.push(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`crate = {}` is not a path: name lock-core as your Cargo.toml renamed it, like `crate = \"::my_locks\"`",
+                        lit.to_token_stream()
+                    ),
+                ));
+                None
+            }
+        },
+    };
+    if errors.len() > before {
+        return None;
+    }
+    let ret = ret?;
+    Some(Lock {
+        krate: krate?,
+        key: key?,
+        ttl,
+        wait,
+        renew: args.renew.as_ref().map(|b| b.value),
+        on_lost,
+        fencing: args.fencing.as_ref().map(|b| b.value),
+        client: args.client.as_ref(),
+        ret,
+        ret_nameable: !has_impl_trait(ret),
+    })
+}
+
+/// `"(1h30m) "` for `"90m"`: the value in canonical form, when it reads
+/// differently from what was written.
+fn restated(lit: &LitStr, value: Duration) -> String {
+    let shown = duration::display(value);
+    if shown == lit.value() {
+        String::new()
+    } else {
+        format!("({shown}) ")
+    }
+}
+
+fn check_duration(name: &str, lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
+    match duration::parse(&lit.value()) {
+        Ok(value) => Some(value),
+        Err(e) => {
+            let example = match e {
+                DurationError::Empty => "",
+                _ => "; for example \"500ms\", \"30s\", \"2m\", \"1h\" or \"1m30s\"",
+            };
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("`{name} = {}` {e}{example}", lit.to_token_stream()),
+            ));
+            None
+        }
+    }
+}
+
+/// The names a key may use.
+struct Params<'a> {
+    fn_name: &'a Ident,
+    /// `self`, when the function has a receiver.
+    receiver: Option<Span>,
+    /// Parameters bound to a plain name (`id: u64`, `mut id: u64`).
+    named: Vec<&'a Ident>,
+    /// Names bound inside a destructuring pattern, with the parameter.
+    in_patterns: Vec<(&'a Ident, &'a syn::PatType)>,
+}
+
+impl<'a> Params<'a> {
+    fn of(sig: &'a Signature) -> Params<'a> {
+        let mut params = Params {
+            fn_name: &sig.ident,
+            receiver: None,
+            named: Vec::new(),
+            in_patterns: Vec::new(),
+        };
+        for input in &sig.inputs {
+            match input {
+                FnArg::Receiver(receiver) => params.receiver = Some(receiver.self_token.span),
+                FnArg::Typed(typed) => match &*typed.pat {
+                    Pat::Ident(pat) if pat.subpat.is_none() => params.named.push(&pat.ident),
+                    Pat::Ident(pat) => {
+                        params.named.push(&pat.ident);
+                        if let Some((_, sub)) = &pat.subpat {
+                            for ident in bindings(sub) {
+                                params.in_patterns.push((ident, typed));
+                            }
+                        }
+                    }
+                    pat => {
+                        for ident in bindings(pat) {
+                            params.in_patterns.push((ident, typed));
+                        }
+                    }
+                },
+            }
+        }
+        params
+    }
+
+    /// "the parameters are `a`, `b`", or what to do without any.
+    fn describe(&self) -> String {
+        let mut names: Vec<String> = Vec::new();
+        if self.receiver.is_some() {
+            names.push("`self`".to_owned());
+        }
+        names.extend(self.named.iter().map(|ident| format!("`{ident}`")));
+        match names.len() {
+            0 => format!(
+                "`{}` takes no parameters; a key without placeholders names one fixed lock, like `key = \"nightly-report\"`",
+                self.fn_name
+            ),
+            1 => format!("the only parameter is {}", names[0]),
+            _ => format!("the parameters are {}", names.join(", ")),
+        }
+    }
+}
+
+/// Every name a pattern binds.
+fn bindings(pat: &Pat) -> Vec<&Ident> {
+    struct Collect<'a>(Vec<&'a Ident>);
+    impl<'a> Visit<'a> for Collect<'a> {
+        fn visit_pat_ident(&mut self, pat: &'a syn::PatIdent) {
+            self.0.push(&pat.ident);
+            syn::visit::visit_pat_ident(self, pat);
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    collect.visit_pat(pat);
+    collect.0
+}
+
+/// How to reach `name` from the value `pat` matches: `["x"]` for
+/// `Point { x, .. }`, `["1"]` for `(a, b)` and `b`.
+fn path_in_pattern(pat: &Pat, name: &Ident) -> Option<Vec<String>> {
+    match pat {
+        Pat::Ident(p) if &p.ident == name => Some(Vec::new()),
+        Pat::Ident(p) => p
+            .subpat
+            .as_ref()
+            .and_then(|(_, sub)| path_in_pattern(sub, name)),
+        Pat::Reference(r) => path_in_pattern(&r.pat, name),
+        Pat::Paren(p) => path_in_pattern(&p.pat, name),
+        Pat::Type(t) => path_in_pattern(&t.pat, name),
+        Pat::Struct(s) => s.fields.iter().find_map(|field| {
+            let mut path = vec![member_text(&field.member)];
+            path.extend(path_in_pattern(&field.pat, name)?);
+            Some(path)
+        }),
+        Pat::Tuple(t) => elements(t.elems.iter(), name),
+        Pat::TupleStruct(t) => elements(t.elems.iter(), name),
+        _ => None,
+    }
+}
+
+fn elements<'a>(elems: impl Iterator<Item = &'a Pat>, name: &Ident) -> Option<Vec<String>> {
+    let mut elems = elems.enumerate();
+    elems.find_map(|(i, elem)| {
+        if matches!(elem, Pat::Rest(_)) {
+            return None;
+        }
+        let mut path = vec![i.to_string()];
+        path.extend(path_in_pattern(elem, name)?);
+        Some(path)
+    })
+}
+
+fn member_text(member: &Member) -> String {
+    match member {
+        Member::Named(ident) => ident.to_string(),
+        Member::Unnamed(index) => index.index.to_string(),
+    }
+}
+
+/// A name for a parameter of type `ty`: `point` for `Point`.
+fn name_for(ty: &Type) -> String {
+    let last = match ty {
+        Type::Path(path) => path.path.segments.last().map(|s| s.ident.to_string()),
+        Type::Reference(r) => return name_for(&r.elem),
+        _ => None,
+    };
+    let Some(last) = last else {
+        return "value".to_owned();
+    };
+    let mut out = String::new();
+    for (i, c) in last.chars().enumerate() {
+        if c.is_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.extend(c.to_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn check_key(lit: &LitStr, sig: &Signature, errors: &mut Errors) -> Option<Key> {
+    let params = Params::of(sig);
+    let span = lit.span();
+    let template = match template::parse(&lit.value()) {
+        Ok(template) => template,
+        Err(e) => {
+            let message = match e {
+                TemplateError::EmptyPlaceholder | TemplateError::Positional { .. } => {
+                    format!("{e}; {}", params.describe())
+                }
+                _ => e.to_string(),
+            };
+            errors.push(syn::Error::new(span, message));
+            return None;
+        }
+    };
+    let mut parts = Vec::with_capacity(template.segments.len());
+    let before = errors.len();
+    for segment in template.segments {
+        let placeholder = match segment {
+            Segment::Text(text) => {
+                parts.push(KeyPart::Text(text));
+                continue;
+            }
+            Segment::Value(placeholder) => placeholder,
+        };
+        let root = match &placeholder.root {
+            Root::SelfValue => match params.receiver {
+                Some(self_span) => Ident::new("self", span.resolved_at(self_span)),
+                None => {
+                    errors.push(syn::Error::new(
+                        span,
+                        format!(
+                            "the lock key uses `{{{}}}`, but `{}` has no `self` parameter; {}",
+                            placeholder.text,
+                            params.fn_name,
+                            params.describe()
+                        ),
+                    ));
+                    continue;
+                }
+            },
+            Root::Name(name) => {
+                if let Some(param) = params.named.iter().find(|ident| **ident == name) {
+                    let mut root = (*param).clone();
+                    root.set_span(span.resolved_at(param.span()));
+                    root
+                } else if let Some((_, typed)) =
+                    params.in_patterns.iter().find(|(ident, _)| *ident == name)
+                {
+                    errors.push(pattern_bound(&placeholder.text, name, typed, span));
+                    continue;
+                } else if params.receiver.is_none() && params.named.is_empty() {
+                    errors.push(syn::Error::new(
+                        span,
+                        format!(
+                            "unknown placeholder `{{{}}}` in the lock key: {}",
+                            placeholder.text,
+                            params.describe()
+                        ),
+                    ));
+                    continue;
+                } else {
+                    let candidates = params
+                        .named
+                        .iter()
+                        .map(|i| i.to_string())
+                        .collect::<Vec<_>>();
+                    let hint = closest(&name.to_string(), candidates.iter().map(String::as_str))
+                        .map(|c| format!("did you mean `{{{c}}}`? "))
+                        .unwrap_or_default();
+                    errors.push(syn::Error::new(
+                        span,
+                        format!(
+                            "unknown placeholder `{{{}}}` in the lock key: `{}` has no parameter `{name}`; {hint}{}",
+                            placeholder.text,
+                            params.fn_name,
+                            params.describe()
+                        ),
+                    ));
+                    continue;
+                }
+            }
+        };
+        let fields = placeholder
+            .fields
+            .into_iter()
+            .map(|member| match member {
+                Member::Named(mut ident) => {
+                    ident.set_span(span);
+                    Member::Named(ident)
+                }
+                Member::Unnamed(mut index) => {
+                    index.span = span;
+                    Member::Unnamed(index)
+                }
+            })
+            .collect();
+        parts.push(KeyPart::Value { root, fields });
+    }
+    (errors.len() == before).then_some(Key { span, parts })
+}
+
+fn pattern_bound(text: &str, name: &Ident, typed: &syn::PatType, span: Span) -> syn::Error {
+    let param = name_for(&typed.ty);
+    let mut path = vec![param.clone()];
+    path.extend(path_in_pattern(&typed.pat, name).unwrap_or_default());
+    let rest = text.split_once('.').map(|(_, rest)| rest);
+    path.extend(rest.map(str::to_owned));
+    syn::Error::new(
+        span,
+        format!(
+            "the lock key uses `{{{text}}}`, but `{name}` is bound inside the pattern `{}`; the key reads parameters by name: bind this parameter to a name, like `{param}: {}`, and write `{{{}}}`",
+            squeeze(&typed.pat.to_token_stream().to_string()),
+            squeeze(&typed.ty.to_token_stream().to_string()),
+            path.join(".")
+        ),
+    )
+}
+
+/// Token text as a person writes it: `Point { x, y }`, `&(a, b)`.
+fn squeeze(tokens: &str) -> String {
+    tokens
+        .replace("& ", "&")
+        .replace(" ,", ",")
+        .replace("( ", "(")
+        .replace(" )", ")")
+        .replace(" :: ", "::")
+        .replace(" < ", "<")
+        .replace(" <", "<")
+        .replace(" >", ">")
+}
+
+fn has_impl_trait(ty: &Type) -> bool {
+    struct Find(bool);
+    impl Visit<'_> for Find {
+        fn visit_type_impl_trait(&mut self, _: &syn::TypeImplTrait) {
+            self.0 = true;
+        }
+    }
+    let mut find = Find(false);
+    find.visit_type(ty);
+    find.0
+}
+
+/// The candidate closest to `name`, if it is close enough to be a typo.
+pub(crate) fn closest<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let limit = match name.chars().count() {
+        0..=2 => 1,
+        3..=5 => 2,
+        _ => 3,
+    };
+    candidates
+        .into_iter()
+        .map(|candidate| (edit_distance(name, candidate), candidate))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// Levenshtein distance.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typos_find_the_intended_name() {
+        assert_eq!(closest("tll", ["key", "ttl", "wait"]), Some("ttl"));
+        assert_eq!(closest("ordr_id", ["order_id", "amount"]), Some("order_id"));
+        assert_eq!(closest("zzz", ["key", "ttl"]), None);
+    }
+
+    #[test]
+    fn paths_through_patterns() {
+        let pat: Pat = syn::parse_quote!(Point { x, y: (a, b) });
+        let b: Ident = syn::parse_quote!(b);
+        assert_eq!(
+            path_in_pattern(&pat, &b),
+            Some(vec!["y".into(), "1".into()])
+        );
+        let ty: Type = syn::parse_quote!(&GeoPoint);
+        assert_eq!(name_for(&ty), "geo_point");
+    }
+}
