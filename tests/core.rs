@@ -575,3 +575,134 @@ async fn many_held_locks_are_renewed_in_batches() {
     }
     assert_eq!(client.heartbeats_running(), 0);
 }
+
+#[tokio::test]
+async fn a_waiter_in_another_process_hears_the_release_at_once() {
+    let server = RedisServer::start();
+    let holder = client_for(&server).await;
+    // The other process polls only every 5 s: only a wake-up gets it in
+    // quickly.
+    let waiter = LockClient::builder()
+        .url(server.url())
+        .key_prefix(PREFIX)
+        .backoff(lock_core::Backoff::new(
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
+        .build()
+        .await
+        .unwrap();
+    let held = holder.lock("k", Duration::from_secs(10)).await.unwrap();
+    let (attempted_tx, attempted_rx) = tokio::sync::oneshot::channel();
+    let waiting = tokio::spawn(async move {
+        let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
+        let _ = attempted_tx.send(());
+        let guard = waiter.lock_with("k", opts).await;
+        (guard, Instant::now())
+    });
+    attempted_rx.await.unwrap();
+    // Its first attempts are done once it subscribed: the channel has a
+    // subscriber.
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        let subscribers: Vec<redis::Value> = server.cmd(&["PUBSUB", "NUMSUB", &storage_key("k")]);
+        matches!(subscribers.get(1), Some(redis::Value::Int(1)))
+    })
+    .await;
+    let released_at = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (guard, acquired_at) = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter slept through the release")
+        .unwrap();
+    guard.unwrap().release().await.unwrap();
+    let took = acquired_at - released_at;
+    assert!(
+        took < Duration::from_millis(500),
+        "took {took:?} after the release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_process_get_the_lock_in_arrival_order() {
+    let server = RedisServer::start();
+    let client = Arc::new(client_for(&server).await);
+    let held = client.lock("k", Duration::from_secs(10)).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 0..5 {
+        let client = client.clone();
+        let order = order.clone();
+        let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
+        tasks.push(tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
+            let acquiring = client.lock_with("k", opts);
+            tokio::pin!(acquiring);
+            // Poll once so it joins the line, then say so.
+            tokio::select! {
+                biased;
+                _ = &mut acquiring => panic!("acquired while held"),
+                () = std::future::ready(()) => {}
+            }
+            queued_tx.send(()).unwrap();
+            let guard = acquiring.await.unwrap();
+            order.lock().unwrap().push(id);
+            guard.release().await.unwrap();
+        }));
+        queued_rx.await.unwrap();
+    }
+    // The holder releases and immediately wants the key again: it goes to
+    // the back of the line instead of barging in.
+    assert!(held.release().await.unwrap());
+    let again = client
+        .lock_with(
+            "k",
+            LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    again.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_hand_off_in_process_keeps_the_lease_and_renews_it_for_the_next_holder() {
+    let server = RedisServer::start();
+    let client = Arc::new(client_for(&server).await);
+    let held = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(5)).fencing(true))
+        .await
+        .unwrap();
+    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(60))
+                .wait(Duration::from_secs(20))
+                .fencing(true);
+            let acquiring = client.lock_with("k", opts);
+            tokio::pin!(acquiring);
+            tokio::select! {
+                biased;
+                _ = &mut acquiring => panic!("acquired while held"),
+                () = std::future::ready(()) => {}
+            }
+            queued_tx.send(()).unwrap();
+            acquiring.await
+        })
+    };
+    queued_rx.await.unwrap();
+    let first_fence = held.fencing_token().unwrap();
+    assert!(held.release().await.unwrap());
+    let next = waiter.await.unwrap().unwrap();
+    // Same lease in Redis (never given up), the new holder's ttl, a new fence.
+    let now_token: String = server.cmd(&["GET", &storage_key("k")]);
+    assert_eq!(now_token, token);
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    assert!(pttl > 50_000, "pttl {pttl}");
+    assert!(next.fencing_token().unwrap() > first_fence);
+    assert!(next.release().await.unwrap());
+}

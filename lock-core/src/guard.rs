@@ -3,6 +3,7 @@
 use crate::client::{ClientInner, MIN_TTL, spawn_release};
 use crate::error::LockError;
 use crate::heartbeat::{Enrolment, Heartbeat};
+use crate::line::{HandedLease, LetGo, Owner, Turn, YIELD};
 use crate::token::Token;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -133,6 +134,10 @@ pub struct LockGuard {
     lease: Arc<Lease>,
     heartbeat: Option<Enrolment>,
     released: bool,
+    /// Until it lets go, the guard is first in its process's line for the
+    /// key (`line.rs`) and must pass the turn on, whatever happens.
+    holds_line: bool,
+    owner: Owner,
 }
 
 impl LockGuard {
@@ -141,14 +146,19 @@ impl LockGuard {
         lease: Lease,
         since: Instant,
         renew: bool,
+        turn: Turn<'_>,
+        from_redis: bool,
     ) -> LockGuard {
         let lease = Arc::new(lease);
+        let owner = turn.keep(&lease, from_redis);
         let heartbeat = renew.then(|| Heartbeat::join(&client, lease.clone(), since));
         LockGuard {
             client,
             lease,
             heartbeat,
             released: false,
+            holds_line: true,
+            owner,
         }
     }
 
@@ -250,6 +260,13 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         self.stop_heartbeat();
+        let spent = match self.let_go() {
+            LetGo::HandedOff => {
+                self.holds_line = false;
+                return Ok(true);
+            }
+            LetGo::Release { spent } => spent,
+        };
         let lease = &self.lease;
         let result = self
             .client
@@ -257,7 +274,32 @@ impl LockGuard {
             .release(&lease.storage_key, &lease.token, self.client.op_timeout)
             .await;
         lease.mark_lost();
+        // After the release: the next task of this process finds the key
+        // free in Redis (unless another process was quicker).
+        self.pass_line(spent);
         result.map_err(|e| e.with_key(self.key()))
+    }
+
+    /// Hands the lease to the next task of this process, if any waits and
+    /// the budget allows.
+    fn let_go(&self) -> LetGo {
+        let lease = &self.lease;
+        let handed = (!lease.is_lost()).then(|| HandedLease {
+            token: lease.token.clone(),
+            valid_until: lease.valid_until(),
+        });
+        self.client
+            .lines
+            .let_go(&lease.storage_key, self.owner, handed, self.client.handoff)
+    }
+
+    fn pass_line(&mut self, spent: bool) {
+        if std::mem::take(&mut self.holds_line) {
+            let after = if spent { YIELD } else { Duration::ZERO };
+            self.client
+                .lines
+                .pass(&self.lease.storage_key, self.owner, after);
+        }
     }
 
     fn stop_heartbeat(&mut self) {
@@ -270,13 +312,24 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_heartbeat();
-        if !self.released {
-            spawn_release(
-                self.client.clone(),
-                self.lease.storage_key.clone(),
-                self.lease.token.clone(),
-            );
+        let mut spent = false;
+        if !std::mem::replace(&mut self.released, true) {
+            match self.let_go() {
+                LetGo::HandedOff => self.holds_line = false,
+                LetGo::Release {
+                    spent: budget_spent,
+                } => {
+                    spent = budget_spent;
+                    spawn_release(
+                        self.client.clone(),
+                        self.lease.storage_key.clone(),
+                        self.lease.token.clone(),
+                    );
+                }
+            }
         }
+        // Also when `release` was cancelled mid-way.
+        self.pass_line(spent);
     }
 }
 

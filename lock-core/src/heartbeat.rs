@@ -3,7 +3,7 @@
 //!
 //! Each lease is due for renewal a third of its ttl after its last
 //! successful renewal. When the task wakes it also takes every lease due
-//! within the next sixth of its ttl, so leases acquired at different moments
+//! within the next quarter of its ttl, so leases acquired at different moments
 //! drift into shared rounds, and sends each round as one script call per
 //! server carrying up to [`BATCH`] keys: ten thousand held locks with a 3 s
 //! ttl cost a handful of calls a second, not ten thousand.
@@ -46,9 +46,12 @@ pub(crate) struct Heartbeat {
 struct Schedule {
     leases: HashMap<u64, Entry>,
     next_id: u64,
-    /// Set while a task runs; cleared by the task's drop (also when its
-    /// runtime shuts down).
+    /// Set while a task runs; the flag is cleared by the task's drop (also
+    /// when its runtime shuts down).
     running: Option<Arc<AtomicBool>>,
+    /// When the running task wakes by itself next: a new lease due earlier
+    /// must wake it, a later one need not.
+    alarm: Option<Instant>,
 }
 
 struct Entry {
@@ -75,7 +78,7 @@ impl Heartbeat {
     pub(crate) fn join(client: &Arc<ClientInner>, lease: Arc<Lease>, since: Instant) -> Enrolment {
         let heartbeat = &client.heartbeat;
         let due = since + lease.ttl() / 3;
-        let (id, start) = {
+        let (id, start, wake) = {
             let mut schedule = heartbeat.lock();
             let id = schedule.next_id;
             schedule.next_id += 1;
@@ -96,20 +99,21 @@ impl Heartbeat {
             } else {
                 let flag = Arc::new(AtomicBool::new(true));
                 schedule.running = Some(flag.clone());
+                schedule.alarm = Some(Instant::now());
                 Some(flag)
             };
-            (id, start)
+            let wake = start.is_none() && schedule.alarm.is_none_or(|alarm| due < alarm);
+            (id, start, wake)
         };
-        match start {
-            Some(flag) => {
-                let running = Running(flag);
-                let weak = Arc::downgrade(client);
-                tokio::spawn(async move {
-                    let _running = running;
-                    run(weak).await;
-                });
-            }
-            None => heartbeat.wake.notify_one(),
+        if let Some(flag) = start {
+            let running = Running(flag);
+            let weak = Arc::downgrade(client);
+            tokio::spawn(async move {
+                let _running = running;
+                run(weak).await;
+            });
+        } else if wake {
+            heartbeat.wake.notify_one();
         }
         Enrolment(id)
     }
@@ -144,16 +148,21 @@ async fn run(client: Weak<ClientInner>) {
         let Some(inner) = client.upgrade() else {
             return;
         };
-        let (round, next) = take_round(&inner.heartbeat);
+        let (round, alarm) = take_round(&inner.heartbeat);
         if round.is_empty() {
-            let idle = next.is_none();
-            let until = next.unwrap_or_else(|| Instant::now() + IDLE);
             let woken = tokio::select! {
                 () = inner.heartbeat.wake.notified() => true,
-                () = tokio::time::sleep_until(until) => false,
+                () = tokio::time::sleep_until(alarm) => false,
             };
-            if idle && !woken && inner.heartbeat.lock().leases.is_empty() {
-                return;
+            if !woken {
+                let mut schedule = inner.heartbeat.lock();
+                if schedule.leases.is_empty() {
+                    // Idle: end. Decided under the lock, so a lease that
+                    // joins now starts a new task.
+                    schedule.running = None;
+                    schedule.alarm = None;
+                    return;
+                }
             }
             continue;
         }
@@ -161,11 +170,27 @@ async fn run(client: Weak<ClientInner>) {
     }
 }
 
-/// Takes every lease due now or within a sixth of its ttl; returns them and
-/// the earliest due time of the others.
-fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Option<Instant>) {
+/// When a lease is due, takes it and every lease due within a quarter of its
+/// ttl. Otherwise returns no lease and sets the alarm: the earliest due
+/// time, or the end of the idle period.
+fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
+    // A round starts only when some lease is due; then it gathers all that
+    // will be due soon. (Waking for a new lease only moves the alarm.)
+    let earliest = schedule
+        .leases
+        .values()
+        .filter(|entry| !entry.in_flight)
+        .map(|entry| entry.due)
+        .min();
+    if earliest.is_none_or(|due| due > now) {
+        let alarm = earliest.unwrap_or(now + IDLE);
+        schedule.alarm = Some(alarm);
+        return (Vec::new(), alarm);
+    }
+    // Busy with a round: new leases are due later than it ends.
+    schedule.alarm = Some(now);
     let mut round = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
@@ -180,7 +205,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Option<Instant>) {
             expired.push(id);
             continue;
         }
-        if entry.due <= now + ttl / 6 {
+        if entry.due <= now + ttl / 4 {
             // `extend` holds this lock only for one round trip; a lease
             // being extended joins the next round.
             if let Ok(renewing) = entry.lease.renewing.clone().try_lock_owned() {
@@ -200,7 +225,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Option<Instant>) {
     for id in expired {
         schedule.leases.remove(&id);
     }
-    (round, next)
+    (round, next.unwrap_or(now + IDLE))
 }
 
 /// What a round trip said about one lease.

@@ -47,6 +47,7 @@ mod error;
 mod global;
 mod guard;
 mod heartbeat;
+mod line;
 mod scripts;
 mod token;
 
@@ -63,6 +64,7 @@ pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, TimedOut};
 pub use global::{SetGlobalClientError, global_client, set_global_client};
 pub use guard::LockGuard;
+pub use line::HandoffBudget;
 
 /// Runs an async function only while this process holds a distributed lock;
 /// see the `lock-macros` crate for the arguments.

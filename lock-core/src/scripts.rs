@@ -6,15 +6,19 @@
 use redis::Script;
 use std::sync::LazyLock;
 
-/// Deletes the key only if it still holds our token.
+/// Deletes the key only if it still holds our token, and tells waiters.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token. Returns 1 when our lock was deleted,
 /// 0 when the key is gone or belongs to another owner. A plain `DEL` would
-/// delete the next owner's lock after ours expired.
+/// delete the next owner's lock after ours expired. On release it publishes
+/// on the channel named like the key, which waiters subscribe to (see
+/// `backend/wakeup.rs`); with no subscriber that costs next to nothing.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
-  return redis.call("DEL", KEYS[1])
+  redis.call("DEL", KEYS[1])
+  redis.call("PUBLISH", KEYS[1], "")
+  return 1
 end
 return 0"#,
     )
@@ -84,5 +88,24 @@ for i, key in ipairs(KEYS) do
   end
 end
 return renewed"#,
+    )
+});
+
+/// Takes over a lease handed off inside one process: sets the new holder's
+/// ttl and, when `KEYS[2]` is given, the next fencing token.
+///
+/// `KEYS[1]` lock key, optional `KEYS[2]` fence counter, `ARGV[1]` token,
+/// `ARGV[2]` ttl in milliseconds. Returns 0 when the lock is no longer ours;
+/// otherwise the new fencing token, or 1 without a fence counter.
+pub(crate) static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call("PEXPIRE", KEYS[1], ARGV[2])
+if KEYS[2] then
+  return redis.call("INCR", KEYS[2])
+end
+return 1"#,
     )
 });

@@ -54,6 +54,33 @@ impl Node {
         }
     }
 
+    /// Takes over a lease handed off in-process: the new holder's ttl, and a
+    /// new fencing token when `keys.fence` is set. `Ok(None)`: not ours.
+    pub(crate) async fn take_over(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Option<Attempt>, LockError> {
+        let ttl_ms = ttl_millis(ttl);
+        let answer: u64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = scripts::TAKE_OVER.key(keys.lock);
+                if let Some(fence_key) = keys.fence {
+                    inv.key(fence_key);
+                }
+                inv.arg(token).arg(ttl_ms);
+                async move { inv.invoke_async(&mut conn).await }
+            })
+            .await?;
+        Ok(match (answer, keys.fence) {
+            (0, _) => None,
+            (fence, Some(_)) => Some(Attempt::Granted { fence: Some(fence) }),
+            (_, None) => Some(Attempt::Granted { fence: None }),
+        })
+    }
+
     /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours here.
     pub(crate) async fn renew(
         &self,

@@ -3,9 +3,11 @@
 mod commands;
 mod node;
 mod quorum;
+mod wakeup;
 
 pub(crate) use node::{Node, redact};
 pub(crate) use quorum::Quorum;
+pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
 use crate::heartbeat::{Due, Renewal};
@@ -47,6 +49,26 @@ impl Backend {
         match self {
             Backend::Single(node) => node.acquire(&keys, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.acquire(&keys, token, ttl, limit).await,
+        }
+    }
+
+    /// Takes over a lease handed off in-process (see `line.rs`). `Ok(None)`:
+    /// not ours any more, or (Redlock with fencing, which needs the full
+    /// acquisition) not possible: the caller releases and acquires afresh.
+    pub(crate) async fn take_over(
+        &self,
+        keys: LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Option<Attempt>, LockError> {
+        match self {
+            Backend::Single(node) => node.take_over(&keys, token, ttl, limit).await,
+            Backend::Redlock(_) if keys.fence.is_some() => Ok(None),
+            Backend::Redlock(quorum) => Ok(quorum
+                .renew(keys.lock, token, ttl, limit)
+                .await?
+                .then_some(Attempt::Granted { fence: None })),
         }
     }
 
@@ -107,14 +129,18 @@ impl Backend {
         }
     }
 
+    /// Every server.
+    fn nodes(&self) -> &[Node] {
+        match self {
+            Backend::Single(node) => std::slice::from_ref(node),
+            Backend::Redlock(quorum) => quorum.nodes(),
+        }
+    }
+
     /// A type other than a string found at a lock key: some other program
     /// uses the key, and waiting will never help.
     pub(crate) async fn foreign_type(&self, key: &str, limit: Duration) -> Option<String> {
-        let nodes = match self {
-            Backend::Single(node) => std::slice::from_ref(node),
-            Backend::Redlock(quorum) => quorum.nodes(),
-        };
-        for node in nodes {
+        for node in self.nodes() {
             if let Ok(kind) = node.key_type(key, limit).await
                 && kind != "string"
                 && kind != "none"
@@ -123,6 +149,11 @@ impl Backend {
             }
         }
         None
+    }
+
+    /// The wake-up channels for this backend's servers.
+    pub(crate) fn wakeups(&self) -> Wakeups {
+        Wakeups::new(self.nodes().iter().map(Node::redis_client).collect())
     }
 
     /// Where the locks live, for messages.

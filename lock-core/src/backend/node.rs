@@ -63,6 +63,11 @@ impl Node {
         })
     }
 
+    /// A client for further connections to the same server.
+    pub(crate) fn redis_client(&self) -> redis::Client {
+        self.client.clone()
+    }
+
     /// The server's address, without credentials.
     pub(crate) fn addr(&self) -> &str {
         &self.addr

@@ -1,0 +1,261 @@
+//! Release wake-ups: waiters hear a release at once instead of polling.
+//!
+//! The release script publishes on a channel named after the lock key. A
+//! waiter subscribes before its next attempt and then waits for whichever
+//! comes first: a message, or its backoff timer (the fallback when a message
+//! is missed, or when wake-ups are unavailable: an ACL without `SUBSCRIBE`,
+//! a lost connection).
+//!
+//! Each server has one subscriber connection (a *hub*), shared by every
+//! waiter of the client and demultiplexed in-process: a waiter costs a map
+//! entry, not a connection. The hub's task handles subscriptions one at a
+//! time, so a subscribe and an unsubscribe of the same channel can never
+//! overtake each other, and drops channels nobody has waited on for a while.
+
+use futures::StreamExt;
+use futures::future::join_all;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// How often a hub drops channels without waiters.
+const SWEEP: Duration = Duration::from_secs(5);
+
+/// The wake-up channels of one client, over all its servers.
+pub(crate) struct Wakeups {
+    channels: Arc<Channels>,
+    hubs: Vec<Hub>,
+}
+
+#[derive(Default)]
+struct Channels {
+    map: Mutex<HashMap<String, Arc<Channel>>>,
+}
+
+impl Channels {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Channel {
+    released: Notify,
+    waiters: AtomicUsize,
+}
+
+/// A waiter's interest in one channel; ends when dropped.
+pub(crate) struct Subscription {
+    channel: Arc<Channel>,
+}
+
+impl Subscription {
+    /// Completes at the next release message published after this call
+    /// (the returned future must be polled or enabled first).
+    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.channel.released.notified()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.channel.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One server's subscriber connection, run by a task.
+struct Hub {
+    client: redis::Client,
+    live: Mutex<Option<HubHandle>>,
+}
+
+#[derive(Clone)]
+struct HubHandle {
+    requests: mpsc::UnboundedSender<Subscribe>,
+    alive: Arc<AtomicBool>,
+}
+
+struct Subscribe {
+    channel: String,
+    done: oneshot::Sender<bool>,
+}
+
+impl Wakeups {
+    pub(crate) fn new(clients: Vec<redis::Client>) -> Wakeups {
+        Wakeups {
+            channels: Arc::default(),
+            hubs: clients
+                .into_iter()
+                .map(|client| Hub {
+                    client,
+                    live: Mutex::new(None),
+                })
+                .collect(),
+        }
+    }
+
+    /// Subscribes to releases of `channel` on every server, waiting at most
+    /// `limit` for the servers to confirm. `None` when no server could
+    /// subscribe: the caller falls back to its timer.
+    pub(crate) async fn subscribe(&self, channel: &str, limit: Duration) -> Option<Subscription> {
+        let entry = {
+            let mut map = self.channels.lock();
+            let entry = map
+                .entry(channel.to_owned())
+                .or_insert_with(|| {
+                    Arc::new(Channel {
+                        released: Notify::new(),
+                        waiters: AtomicUsize::new(0),
+                    })
+                })
+                .clone();
+            entry.waiters.fetch_add(1, Ordering::AcqRel);
+            entry
+        };
+        let subscription = Subscription { channel: entry };
+        let confirmations = self
+            .hubs
+            .iter()
+            .map(|hub| hub.subscribe(&self.channels, channel));
+        let confirmed = tokio::time::timeout(limit, join_all(confirmations))
+            .await
+            .is_ok_and(|answers| answers.into_iter().any(|ok| ok));
+        confirmed.then_some(subscription)
+    }
+}
+
+impl Hub {
+    async fn subscribe(&self, channels: &Arc<Channels>, channel: &str) -> bool {
+        let Some(handle) = self.handle(channels) else {
+            return false;
+        };
+        let (done, answer) = oneshot::channel();
+        let request = Subscribe {
+            channel: channel.to_owned(),
+            done,
+        };
+        if handle.requests.send(request).is_err() {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
+
+    /// The running hub task, started on the current runtime if none runs.
+    fn handle(&self, channels: &Arc<Channels>) -> Option<HubHandle> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(handle) = live.as_ref()
+            && handle.alive.load(Ordering::Acquire)
+        {
+            return Some(handle.clone());
+        }
+        let (requests, inbox) = mpsc::unbounded_channel();
+        let alive = Arc::new(AtomicBool::new(true));
+        let handle = HubHandle {
+            requests,
+            alive: alive.clone(),
+        };
+        let client = self.client.clone();
+        let channels = Arc::downgrade(channels);
+        tokio::runtime::Handle::try_current()
+            .ok()?
+            .spawn(async move {
+                let _alive = Alive(alive);
+                serve(client, channels, inbox).await;
+            });
+        *live = Some(handle.clone());
+        Some(handle)
+    }
+}
+
+/// Clears the flag when the hub task ends or its runtime shuts down.
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The hub task: one subscriber connection, subscriptions in order, and
+/// messages fanned out to the waiters of each channel. Ends when the
+/// connection drops, or when the client is gone and nobody asks anything.
+async fn serve(
+    client: redis::Client,
+    channels: std::sync::Weak<Channels>,
+    mut inbox: mpsc::UnboundedReceiver<Subscribe>,
+) {
+    let Ok(Ok(pubsub)) =
+        tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub()).await
+    else {
+        return;
+    };
+    let (mut sink, mut messages) = pubsub.split();
+    let mut subscribed: HashSet<String> = HashSet::new();
+    let mut sweep = tokio::time::interval(SWEEP);
+    sweep.tick().await;
+    loop {
+        tokio::select! {
+            request = inbox.recv() => {
+                let Some(Subscribe { channel, done }) = request else {
+                    return;
+                };
+                let ok = subscribed.contains(&channel)
+                    || matches!(
+                        tokio::time::timeout(Duration::from_secs(2), sink.subscribe(&channel)).await,
+                        Ok(Ok(()))
+                    );
+                if ok {
+                    subscribed.insert(channel);
+                }
+                let _ = done.send(ok);
+            }
+            message = messages.next() => {
+                let Some(message) = message else {
+                    return; // connection lost: the next waiter starts a new hub
+                };
+                let Some(channels) = channels.upgrade() else {
+                    return;
+                };
+                let entry = channels.lock().get(message.get_channel_name()).cloned();
+                if let Some(entry) = entry {
+                    entry.released.notify_waiters();
+                }
+            }
+            _ = sweep.tick() => {
+                let Some(channels) = channels.upgrade() else {
+                    return;
+                };
+                // Channels this hub serves that nobody waits on any more.
+                let idle: Vec<String> = {
+                    let mut map = channels.lock();
+                    let idle: Vec<String> = subscribed
+                        .iter()
+                        .filter(|name| {
+                            map.get(*name)
+                                .is_none_or(|c| c.waiters.load(Ordering::Acquire) == 0)
+                        })
+                        .cloned()
+                        .collect();
+                    for name in &idle {
+                        if map
+                            .get(name)
+                            .is_some_and(|c| c.waiters.load(Ordering::Acquire) == 0)
+                        {
+                            map.remove(name);
+                        }
+                    }
+                    idle
+                };
+                for name in idle {
+                    subscribed.remove(&name);
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        sink.unsubscribe(&name),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+}
