@@ -273,3 +273,42 @@ async fn a_url_to_a_non_redis_port_fails_clearly_without_hanging() {
     );
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
+
+#[lock_core::distributed_lock(key = "paused-job", ttl = "600ms", client = client)]
+async fn long_job(
+    client: &LockClient,
+    started: tokio::sync::oneshot::Sender<()>,
+) -> Result<&'static str, lock_core::LockError> {
+    let _ = started.send(());
+    // Far longer than the pause: only loss of the lock ends it early.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    Ok("finished")
+}
+
+#[tokio::test]
+async fn an_attribute_body_is_aborted_when_its_server_pauses_past_the_ttl() {
+    let server = RedisServer::start();
+    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let job = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let began = Instant::now();
+            (long_job(&client, started_tx).await, began.elapsed())
+        }
+    });
+    started_rx.await.unwrap();
+    let pause = server.pause();
+    let (result, took) = tokio::time::timeout(Duration::from_secs(5), job)
+        .await
+        .expect("the body was not aborted")
+        .unwrap();
+    drop(pause);
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    // Validity (600 ms) plus one renewal interval, with room for a loaded machine.
+    assert!(
+        took < Duration::from_millis(600 + 200 + 300),
+        "took {took:?}"
+    );
+}
