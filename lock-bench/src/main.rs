@@ -1,2 +1,141 @@
-//! The benchmark (being written).
-fn main() {}
+//! `lock-bench`: lock-core measured side by side with the floor (raw round
+//! trips), a hand-written minimum lock, and rslock, in one run.
+//!
+//! ```text
+//! cargo run --release -p lock-bench                       # everything, 5 s per row
+//! cargo run --release -p lock-bench -- --only W1,W3 --seconds 2
+//! ```
+//!
+//! It starts its own `redis-server` processes on free ports (through
+//! `lock-testkit`; the binary comes from `REDIS_SERVER_BIN` or `PATH`), runs
+//! the selected workloads one row at a time, prints one table to stdout
+//! (progress goes to stderr), and writes the same data as CSV and JSON, with
+//! a text copy of the table, into the output directory
+//! (`target/lock-bench` by default). The servers are stopped when the run
+//! ends, however it ends.
+//!
+//! Modules: [`args`] (options), [`servers`] (the redis-server processes and
+//! admin commands), [`minimum`] (the hand-written lock), [`contenders`] (the
+//! implementations behind one interface), [`workloads`] (W1-W6 and their
+//! loops), [`stats`] (percentiles and merged acquisition records),
+//! [`sysinfo`] (`/proc`), [`report`] (table, CSV, JSON, ratios).
+//!
+//! rslock is a normal dependency: its `tokio-comp` feature turns on redis'
+//! rustls support (rustls, ring, rustls-native-certs), which measured 7 s
+//! extra on a clean debug build of the whole workspace on a 2-core machine.
+
+mod args;
+mod contenders;
+mod error;
+mod minimum;
+mod report;
+mod servers;
+mod stats;
+mod sysinfo;
+mod workloads;
+
+use crate::args::{Command, Options, USAGE};
+use crate::error::BenchResult;
+use crate::report::Report;
+use crate::servers::{Servers, connect, info};
+use crate::sysinfo::Machine;
+use crate::workloads::{Context, WorkloadId};
+use std::process::ExitCode;
+use std::time::Duration;
+
+fn main() -> ExitCode {
+    let command = match args::parse(std::env::args().skip(1)) {
+        Ok(command) => command,
+        Err(e) => {
+            eprintln!("lock-bench: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match command {
+        Command::Help => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Command::Worker(worker) => workloads::w3p::worker(&worker),
+        Command::Run(options) => run(&options),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lock-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A whole benchmark run. The servers live in this frame, so they are
+/// stopped on every way out of it.
+fn run(options: &Options) -> BenchResult<()> {
+    let wants = |id| options.only.contains(&id);
+    eprintln!("lock-bench: starting redis-server processes");
+    let servers = Servers::start(wants(WorkloadId::W4), wants(WorkloadId::W5))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(measure(options, &servers));
+    // Stop lock-core's background tasks before the servers go.
+    drop(runtime);
+    drop(servers);
+    let report = report?;
+
+    let text = report.render();
+    print!("{text}");
+    std::fs::create_dir_all(&options.out)?;
+    let files = [
+        ("lock-bench.txt", text),
+        ("lock-bench.csv", report.csv()),
+        ("lock-bench.json", report.json()),
+    ];
+    for (name, content) in files {
+        std::fs::write(options.out.join(name), content)?;
+    }
+    eprintln!(
+        "lock-bench: wrote lock-bench.{{txt,csv,json}} to {}",
+        options.out.display()
+    );
+    Ok(())
+}
+
+/// Describes the machine and runs every selected workload.
+async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
+    let url = servers.single.url();
+    let mut machine = Machine::describe();
+    let server_info = info(&mut connect(&url).await?, "server").await?;
+    machine.redis_version = server_info
+        .get("redis_version")
+        .cloned()
+        .unwrap_or_default();
+    let ctx = Context {
+        seconds: options.seconds,
+        warmup: (options.seconds / 5).min(Duration::from_millis(500)),
+        url,
+        redlock_urls: servers.redlock_urls(),
+        hold_url: servers.hold.as_ref().map(|s| s.url()),
+        hold_addr: servers.hold.as_ref().map(|s| s.addr()),
+        w5_seconds: options.w5_seconds,
+        w5_locks: options.w5_locks,
+    };
+    let mut results = Vec::new();
+    for id in &options.only {
+        let result = match id {
+            WorkloadId::W1 => workloads::w1::run(&ctx).await?,
+            WorkloadId::W2 => workloads::w2::run(&ctx).await?,
+            WorkloadId::W3 => workloads::w3::run(&ctx).await?,
+            WorkloadId::W3p => workloads::w3p::run(&ctx).await?,
+            WorkloadId::W4 => workloads::w4::run(&ctx).await?,
+            WorkloadId::W5 => workloads::w5::run(&ctx).await?,
+            WorkloadId::W6 => workloads::w6::run(&ctx).await?,
+        };
+        results.push(result);
+    }
+    Ok(Report {
+        machine,
+        seconds: options.seconds.as_secs_f64(),
+        workloads: results,
+    })
+}

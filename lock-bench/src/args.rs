@@ -1,0 +1,241 @@
+//! Command-line options.
+
+use crate::error::{BenchResult, fail};
+use crate::workloads::WorkloadId;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What `--help` prints.
+pub const USAGE: &str = "\
+lock-bench: lock-core side by side with the floor, the minimum lock and rslock
+
+USAGE:
+    cargo run --release -p lock-bench -- [OPTIONS]
+
+OPTIONS:
+    --seconds N       measured time per row, in seconds (default 5)
+    --only LIST       workloads to run, comma-separated: W1,W2,W3,W3p,W4,W5,W6
+                      (default: all)
+    --out DIR         where the CSV, JSON and text copies of the table go
+                      (default: target/lock-bench)
+    --w5-seconds N    how long W5 holds its locks (default 30)
+    --w5-locks N      how many locks W5 holds (default 10000)
+    -h, --help        this text
+
+The bench starts its own redis-server processes on free ports (found through
+REDIS_SERVER_BIN or PATH) and stops them when it ends.";
+
+/// Options of a benchmark run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Measured time of each row (each implementation in each workload).
+    pub seconds: Duration,
+    /// The workloads to run, in the order of the table.
+    pub only: Vec<WorkloadId>,
+    /// Where the CSV, JSON and text outputs go.
+    pub out: PathBuf,
+    /// How long W5 holds its locks.
+    pub w5_seconds: Duration,
+    /// How many locks W5 holds at once.
+    pub w5_locks: usize,
+}
+
+/// Arguments of the hidden worker mode (a W3p child process).
+#[derive(Clone, Debug)]
+pub struct WorkerArgs {
+    /// Which implementation to run (`minimum`, `guard`, `attribute`, `rslock`).
+    pub implementation: String,
+    /// The Redis server.
+    pub url: String,
+    /// The one contended key.
+    pub key: String,
+    /// Tasks in this process.
+    pub tasks: u32,
+    /// The task id of this process's first task; ids are global across
+    /// processes.
+    pub task_base: u32,
+}
+
+/// What the command line asks for.
+#[derive(Clone, Debug)]
+pub enum Command {
+    /// A benchmark run.
+    Run(Options),
+    /// A W3p child process, started by the bench itself.
+    Worker(WorkerArgs),
+    /// Print [`USAGE`].
+    Help,
+}
+
+/// The flag that selects worker mode; not in [`USAGE`].
+pub const WORKER_FLAG: &str = "--worker";
+
+/// Parses the arguments after the program name.
+pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
+    let mut args = args.into_iter();
+    let mut options = Options {
+        seconds: Duration::from_secs(5),
+        only: WorkloadId::ALL.to_vec(),
+        out: default_out_dir(),
+        w5_seconds: Duration::from_secs(30),
+        w5_locks: 10_000,
+    };
+    let mut worker: Option<WorkerArgs> = None;
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .ok_or_else(|| fail(format!("{name} needs a value")))
+        };
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "--seconds" => options.seconds = seconds(&value("--seconds")?)?,
+            "--w5-seconds" => options.w5_seconds = seconds(&value("--w5-seconds")?)?,
+            "--w5-locks" => options.w5_locks = count(&value("--w5-locks")?)?,
+            "--out" => options.out = PathBuf::from(value("--out")?),
+            "--only" => options.only = workloads(&value("--only")?)?,
+            WORKER_FLAG => {
+                let mode = value(WORKER_FLAG)?;
+                if mode != "w3p" {
+                    return Err(fail(format!("unknown worker mode {mode:?}")));
+                }
+                worker = Some(WorkerArgs {
+                    implementation: String::new(),
+                    url: String::new(),
+                    key: String::new(),
+                    tasks: 0,
+                    task_base: 0,
+                });
+            }
+            "--impl" | "--url" | "--key" | "--tasks" | "--task-base" => {
+                let Some(w) = worker.as_mut() else {
+                    return Err(fail(format!("{arg} is only for worker mode")));
+                };
+                let v = value(&arg)?;
+                match arg.as_str() {
+                    "--impl" => w.implementation = v,
+                    "--url" => w.url = v,
+                    "--key" => w.key = v,
+                    "--tasks" => w.tasks = u32::try_from(count(&v)?)?,
+                    _ => w.task_base = v.parse()?,
+                }
+            }
+            other => return Err(fail(format!("unknown argument {other:?}"))),
+        }
+    }
+    Ok(match worker {
+        Some(w) => Command::Worker(w),
+        None => Command::Run(options),
+    })
+}
+
+/// A positive number of seconds, fractions allowed.
+fn seconds(text: &str) -> BenchResult<Duration> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| fail(format!("{text:?} is not a number of seconds")))?;
+    if !(value > 0.0 && value <= 86_400.0) {
+        return Err(fail(format!("{text} seconds is out of range (0, 86400]")));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+/// A positive count.
+fn count(text: &str) -> BenchResult<usize> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(fail(format!("{text:?} is not a positive count"))),
+    }
+}
+
+/// A comma-separated list of workload ids, kept in table order.
+fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
+    let mut chosen = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let id = WorkloadId::parse(name).ok_or_else(|| {
+            fail(format!(
+                "unknown workload {name:?}; expected W1, W2, W3, W3p, W4, W5 or W6"
+            ))
+        })?;
+        chosen.push(id);
+    }
+    if chosen.is_empty() {
+        return Err(fail("--only needs at least one workload"));
+    }
+    Ok(WorkloadId::ALL
+        .iter()
+        .copied()
+        .filter(|id| chosen.contains(id))
+        .collect())
+}
+
+/// `target/lock-bench` of the target directory the binary was built into
+/// (so it works from any directory and with `CARGO_TARGET_DIR`), or
+/// `target/lock-bench` under the current directory.
+fn default_out_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("lock-bench")))
+        .unwrap_or_else(|| PathBuf::from("target/lock-bench"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_strs(args: &[&str]) -> BenchResult<Command> {
+        parse(args.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn defaults_run_everything_for_five_seconds() {
+        let Ok(Command::Run(options)) = parse_strs(&[]) else {
+            panic!("no arguments is a run");
+        };
+        assert_eq!(options.seconds, Duration::from_secs(5));
+        assert_eq!(options.only, WorkloadId::ALL.to_vec());
+        assert_eq!(options.w5_seconds, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn only_keeps_table_order_and_ignores_case() {
+        let Ok(Command::Run(options)) = parse_strs(&["--only", "w3p,W1", "--seconds", "0.5"])
+        else {
+            panic!("valid arguments");
+        };
+        assert_eq!(options.only, vec![WorkloadId::W1, WorkloadId::W3p]);
+        assert_eq!(options.seconds, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        assert!(parse_strs(&["--only", "W9"]).is_err());
+        assert!(parse_strs(&["--seconds", "0"]).is_err());
+        assert!(parse_strs(&["--seconds"]).is_err());
+        assert!(parse_strs(&["--url", "x"]).is_err());
+        assert!(parse_strs(&["--frobnicate"]).is_err());
+    }
+
+    #[test]
+    fn worker_mode_is_parsed() {
+        let Ok(Command::Worker(w)) = parse_strs(&[
+            "--worker",
+            "w3p",
+            "--impl",
+            "guard",
+            "--url",
+            "redis://127.0.0.1:1",
+            "--key",
+            "k",
+            "--tasks",
+            "2",
+            "--task-base",
+            "4",
+        ]) else {
+            panic!("worker arguments");
+        };
+        assert_eq!(
+            (w.implementation.as_str(), w.tasks, w.task_base),
+            ("guard", 2, 4)
+        );
+    }
+}

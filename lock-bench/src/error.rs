@@ -1,0 +1,15 @@
+//! The bench's error type: any error, boxed, so `?` works on everything.
+
+use std::error::Error;
+
+/// Any failure of the bench: a server that would not start, a connection that
+/// failed, a worker process that misbehaved, a file that could not be written.
+pub type BenchError = Box<dyn Error + Send + Sync + 'static>;
+
+/// A result whose error is a [`BenchError`].
+pub type BenchResult<T> = Result<T, BenchError>;
+
+/// An error made of a message only.
+pub fn fail(message: impl Into<String>) -> BenchError {
+    message.into().into()
+}

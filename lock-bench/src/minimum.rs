@@ -1,0 +1,129 @@
+//! The minimum lock: the least work a correct Redis lock can do, as the
+//! yardstick lock-core is measured against.
+//!
+//! Acquire is one `SET key token NX PX ttl`; release is one `EVALSHA` of a
+//! compare-and-delete script loaded when connecting. One multiplexed
+//! connection per server, shared by every task; no renewal, no retries, no
+//! validity bookkeeping. Tokens are a process id and a counter: unique, but
+//! (unlike a real lock's) guessable, which costs nothing here.
+//!
+//! With several servers (W4) every command goes to all of them at once and
+//! the lock is held when a majority said yes; a failed majority releases
+//! whatever was taken.
+
+use crate::error::{BenchResult, fail};
+use crate::servers::connect;
+use futures::future::join_all;
+use redis::aio::MultiplexedConnection;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Deletes the key only if it still holds the token (`KEYS[1]`, `ARGV[1]`).
+const RELEASE_SCRIPT: &str = r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0"#;
+
+/// A hand-written lock on one server, or on a majority of several.
+#[derive(Debug)]
+pub struct MinimumLock {
+    nodes: Vec<MultiplexedConnection>,
+    release_sha: String,
+    process: u32,
+    counter: AtomicU64,
+}
+
+impl MinimumLock {
+    /// Connects to every server and loads the release script on each.
+    pub async fn connect(urls: &[String]) -> BenchResult<MinimumLock> {
+        if urls.is_empty() {
+            return Err(fail("the minimum lock needs at least one server"));
+        }
+        let mut nodes = Vec::with_capacity(urls.len());
+        let mut release_sha = String::new();
+        for url in urls {
+            let mut conn = connect(url).await?;
+            release_sha = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(RELEASE_SCRIPT)
+                .query_async(&mut conn)
+                .await?;
+            nodes.push(conn);
+        }
+        Ok(MinimumLock {
+            nodes,
+            release_sha,
+            process: std::process::id(),
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    /// A token no other acquisition of this run uses.
+    pub fn token(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.process)
+    }
+
+    /// One attempt: `SET key token NX PX ttl` (on every server, majority
+    /// counted). `Ok(false)` when the lock is held elsewhere.
+    pub async fn try_acquire(&self, key: &str, token: &str, ttl: Duration) -> BenchResult<bool> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let set = |node: &MultiplexedConnection| {
+            let mut conn = node.clone();
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+            async move { cmd.query_async::<Option<redis::Value>>(&mut conn).await }
+        };
+        if let [node] = self.nodes.as_slice() {
+            return Ok(set(node).await?.is_some());
+        }
+        let granted = join_all(self.nodes.iter().map(set))
+            .await
+            .into_iter()
+            .filter(|reply| matches!(reply, Ok(Some(_))))
+            .count();
+        if granted > self.nodes.len() / 2 {
+            return Ok(true);
+        }
+        // Give back the minority we may hold.
+        self.release(key, token).await?;
+        Ok(false)
+    }
+
+    /// Compare-and-delete with `EVALSHA` (on every server). `Ok(true)` when
+    /// the lock was ours (on a majority).
+    pub async fn release(&self, key: &str, token: &str) -> BenchResult<bool> {
+        let del = |node: &MultiplexedConnection| {
+            let mut conn = node.clone();
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&self.release_sha).arg(1).arg(key).arg(token);
+            async move { cmd.query_async::<i64>(&mut conn).await }
+        };
+        if let [node] = self.nodes.as_slice() {
+            return Ok(del(node).await? == 1);
+        }
+        let released = join_all(self.nodes.iter().map(del))
+            .await
+            .into_iter()
+            .filter(|reply| matches!(reply, Ok(1)))
+            .count();
+        Ok(released > self.nodes.len() / 2)
+    }
+
+    /// Sequential `PING` round trips as a floor: to the one server, or to
+    /// every server at once (one fan-out counts as one round trip).
+    pub async fn ping(&self) -> BenchResult<()> {
+        let ping = |node: &MultiplexedConnection| {
+            let mut conn = node.clone();
+            async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
+        };
+        if let [node] = self.nodes.as_slice() {
+            ping(node).await?;
+            return Ok(());
+        }
+        for reply in join_all(self.nodes.iter().map(ping)).await {
+            reply?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,651 @@
+//! The results: one table for the terminal, and the same data as CSV and
+//! JSON, plus the ratios the targets are stated in.
+
+use crate::contenders::Impl;
+use crate::sysinfo::Machine;
+use crate::workloads::WorkloadId;
+use std::fmt::Write as _;
+
+/// One implementation's figures in one workload. `None` means "does not
+/// apply" and shows as `-`.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Which implementation.
+    pub implementation: Impl,
+    /// The main rate, per second.
+    pub rate: Option<f64>,
+    /// What [`rate`](Self::rate) counts ("cycles", "acquisitions", ...).
+    pub rate_unit: &'static str,
+    /// Median cycle time, or median wait in the contended workloads (µs).
+    pub p50_us: Option<f64>,
+    /// 99th percentile of the same (µs).
+    pub p99_us: Option<f64>,
+    /// Maximum of the same (µs).
+    pub max_us: Option<f64>,
+    /// Owner switches per second (contended workloads).
+    pub switches_per_s: Option<f64>,
+    /// Fewest and most acquisitions of one task (contended workloads).
+    pub per_task: Option<(u64, u64)>,
+    /// Critical sections that overlapped (must be 0).
+    pub overlaps: Option<u64>,
+    /// Acquisitions that failed or gave up.
+    pub failed: Option<u64>,
+    /// Locks lost while held (W5; must be 0).
+    pub locks_lost: Option<u64>,
+    /// Client CPU time over wall time, percent of one CPU (W5).
+    pub cpu_percent: Option<f64>,
+    /// Resident memory added per held lock, bytes (W5).
+    pub rss_per_lock: Option<f64>,
+    /// Extra time per call over the guard API, percent (W6).
+    pub overhead_percent: Option<f64>,
+    /// How many operations the figures come from.
+    pub samples: u64,
+    /// Anything else worth knowing (the first error, a breakdown).
+    pub note: String,
+}
+
+impl Row {
+    /// A row with only the implementation and the rate's unit set.
+    pub fn new(implementation: Impl, rate_unit: &'static str) -> Row {
+        Row {
+            implementation,
+            rate: None,
+            rate_unit,
+            p50_us: None,
+            p99_us: None,
+            max_us: None,
+            switches_per_s: None,
+            per_task: None,
+            overlaps: None,
+            failed: None,
+            locks_lost: None,
+            cpu_percent: None,
+            rss_per_lock: None,
+            overhead_percent: None,
+            samples: 0,
+            note: String::new(),
+        }
+    }
+}
+
+/// One workload's rows and the parameters they were measured with.
+#[derive(Clone, Debug)]
+pub struct WorkloadResult {
+    /// Which workload.
+    pub id: WorkloadId,
+    /// What it does, in a few words.
+    pub title: &'static str,
+    /// Its parameters, as printed.
+    pub params: String,
+    /// One row per implementation.
+    pub rows: Vec<Row>,
+}
+
+impl WorkloadResult {
+    /// The row of `implementation`, if it ran.
+    pub fn row(&self, implementation: Impl) -> Option<&Row> {
+        self.rows
+            .iter()
+            .find(|row| row.implementation == implementation)
+    }
+}
+
+/// What a ratio should be.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Target {
+    /// At least this.
+    AtLeast(f64),
+    /// At most this.
+    AtMost(f64),
+}
+
+impl Target {
+    fn met(self, value: f64) -> bool {
+        match self {
+            Target::AtLeast(t) => value >= t,
+            Target::AtMost(t) => value <= t,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Target::AtLeast(t) => format!(">= {}", trim_number(t)),
+            Target::AtMost(t) => format!("<= {}", trim_number(t)),
+        }
+    }
+}
+
+/// A figure compared across rows, with its target when the issue sets one.
+#[derive(Clone, Debug)]
+pub struct Ratio {
+    /// Which workload it comes from.
+    pub workload: WorkloadId,
+    /// What is divided by what.
+    pub name: String,
+    /// The value.
+    pub value: f64,
+    /// The target, if any.
+    pub target: Option<Target>,
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Where it ran.
+    pub machine: Machine,
+    /// The measured time of each row, seconds.
+    pub seconds: f64,
+    /// The workloads, in table order.
+    pub workloads: Vec<WorkloadResult>,
+}
+
+impl Report {
+    fn workload(&self, id: WorkloadId) -> Option<&WorkloadResult> {
+        self.workloads.iter().find(|w| w.id == id)
+    }
+
+    /// The ratios the issue asks for, from the rows that ran.
+    pub fn ratios(&self) -> Vec<Ratio> {
+        let mut out = Vec::new();
+        let mut push = |workload, name: String, value: Option<f64>, target| {
+            if let Some(value) = value.filter(|v| v.is_finite()) {
+                out.push(Ratio {
+                    workload,
+                    name,
+                    value,
+                    target,
+                });
+            }
+        };
+        let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        for w in &self.workloads {
+            let rate = |imp| w.row(imp).and_then(|r| r.rate);
+            let id = w.id;
+            if matches!(id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
+                for imp in [Impl::Guard, Impl::Attribute] {
+                    push(
+                        id,
+                        format!("{} / minimum, cycles/s", imp.label()),
+                        div(rate(imp), rate(Impl::Minimum)),
+                        Some(Target::AtLeast(0.9)),
+                    );
+                }
+            }
+            if id == WorkloadId::W1 {
+                push(
+                    id,
+                    "lock-core guard / (floor / 2), cycles/s".to_owned(),
+                    div(rate(Impl::Guard), rate(Impl::Floor).map(|f| f / 2.0)),
+                    Some(Target::AtLeast(0.9)),
+                );
+            }
+            if w.row(Impl::Rslock).is_some() {
+                for imp in [Impl::Guard, Impl::Attribute] {
+                    let target = (id == WorkloadId::W4).then_some(Target::AtLeast(1.0));
+                    push(
+                        id,
+                        format!("{} / rslock, {}/s", imp.label(), unit_of(w, imp)),
+                        div(rate(imp), rate(Impl::Rslock)),
+                        target,
+                    );
+                }
+            }
+            if matches!(id, WorkloadId::W3 | WorkloadId::W3p) {
+                let switches = |imp| w.row(imp).and_then(|r| r.switches_per_s);
+                let max_wait = |imp| w.row(imp).and_then(|r| r.max_us);
+                for imp in [Impl::Guard, Impl::Attribute] {
+                    push(
+                        id,
+                        format!("{} / rslock, owner switches/s", imp.label()),
+                        div(switches(imp), switches(Impl::Rslock)),
+                        Some(Target::AtLeast(10.0)),
+                    );
+                    push(
+                        id,
+                        format!("{} / rslock, max wait", imp.label()),
+                        div(max_wait(imp), max_wait(Impl::Rslock)),
+                        Some(Target::AtMost(0.1)),
+                    );
+                }
+            }
+        }
+        if let Some(w3p) = self.workload(WorkloadId::W3p)
+            && let Some(w3) = self.workload(WorkloadId::W3)
+        {
+            let rate = |w: &WorkloadResult| w.row(Impl::Guard).and_then(|r| r.rate);
+            push(
+                WorkloadId::W3p,
+                "lock-core guard, W3 (1 process) / W3p (4 processes), acquisitions/s".to_owned(),
+                div(rate(w3), rate(w3p)),
+                None,
+            );
+        }
+        if let Some(row) = self
+            .workload(WorkloadId::W5)
+            .and_then(|w| w.row(Impl::Guard))
+        {
+            push(
+                WorkloadId::W5,
+                "locks lost".to_owned(),
+                row.locks_lost.map(|n| n as f64),
+                Some(Target::AtMost(0.0)),
+            );
+            push(
+                WorkloadId::W5,
+                "RSS per held lock, bytes (heap target: < 1 KiB beyond key and token)".to_owned(),
+                row.rss_per_lock,
+                Some(Target::AtMost(1024.0)),
+            );
+        }
+        if let Some(row) = self
+            .workload(WorkloadId::W6)
+            .and_then(|w| w.row(Impl::Attribute))
+        {
+            push(
+                WorkloadId::W6,
+                "attribute overhead over the guard API, %".to_owned(),
+                row.overhead_percent,
+                Some(Target::AtMost(3.0)),
+            );
+        }
+        out
+    }
+
+    /// The machine, the table and the ratios, as printed to stdout.
+    pub fn render(&self) -> String {
+        let m = &self.machine;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "machine: {} CPUs, {}, Linux {}, redis-server {}",
+            m.nproc, m.cpu_model, m.kernel, m.redis_version
+        );
+        let _ = writeln!(
+            out,
+            "{} s measured per row; rate = per second; µs columns are the cycle time \
+             (W1, W2, W4, W6) or the wait for the lock (W3, W3p)\n",
+            trim_number(self.seconds)
+        );
+        out.push_str(&self.table());
+        out.push_str("\nratios (same run):\n");
+        let ratios = self.ratios();
+        let width = ratios
+            .iter()
+            .map(|r| r.name.chars().count() + 5)
+            .max()
+            .unwrap_or(0);
+        for r in &ratios {
+            let name = format!("{:<4} {}", r.workload.name(), r.name);
+            let verdict = match r.target {
+                Some(t) if t.met(r.value) => format!("target {}: met", t.describe()),
+                Some(t) => format!("target {}: MISSED", t.describe()),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  {name:<width$}  {:>10}  {verdict}",
+                fixed(r.value, 3)
+            );
+        }
+        out
+    }
+
+    /// The aligned table: a parameter line per workload, then its rows.
+    fn table(&self) -> String {
+        const HEADER: [&str; 12] = [
+            "implementation",
+            "rate/s",
+            "of",
+            "p50 µs",
+            "p99 µs",
+            "max µs",
+            "switches/s",
+            "per task",
+            "overlaps",
+            "failed",
+            "samples",
+            "other",
+        ];
+        let mut lines: Vec<Option<Vec<String>>> = vec![Some(HEADER.map(str::to_owned).to_vec())];
+        let mut sections = Vec::new();
+        for w in &self.workloads {
+            sections.push((lines.len(), w));
+            lines.push(None);
+            for row in &w.rows {
+                lines.push(Some(cells(row)));
+            }
+        }
+        let mut widths = [0usize; HEADER.len()];
+        for cells in lines.iter().flatten() {
+            for (width, cell) in widths.iter_mut().zip(cells) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let mut section = sections.iter().peekable();
+        for (index, line) in lines.iter().enumerate() {
+            match line {
+                None => {
+                    if let Some((_, w)) = section.next() {
+                        let _ = writeln!(out, "{}  {}  [{}]", w.id.name(), w.title, w.params);
+                    }
+                }
+                Some(cells) => {
+                    let mut text = String::from("    ");
+                    for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
+                        // Text columns left-aligned, numbers right-aligned.
+                        let left = matches!(i, 0 | 2 | 11);
+                        let pad = width.saturating_sub(cell.chars().count());
+                        if left {
+                            text.push_str(cell);
+                            text.push_str(&" ".repeat(pad));
+                        } else {
+                            text.push_str(&" ".repeat(pad));
+                            text.push_str(cell);
+                        }
+                        text.push_str("  ");
+                    }
+                    let _ = writeln!(out, "{}", text.trim_end());
+                    if index == 0 {
+                        let _ = writeln!(out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// One line per row, with the workload's parameters on every line.
+    pub fn csv(&self) -> String {
+        let mut out = String::from(
+            "workload,title,params,implementation,label,rate_per_s,rate_unit,p50_us,p99_us,\
+             max_us,switches_per_s,per_task_min,per_task_max,overlaps,failed,locks_lost,\
+             cpu_percent,rss_per_lock_bytes,overhead_percent,samples,seconds,note\n",
+        );
+        for w in &self.workloads {
+            for r in &w.rows {
+                let fields = [
+                    w.id.name().to_owned(),
+                    csv_text(w.title),
+                    csv_text(&w.params),
+                    r.implementation.id().to_owned(),
+                    csv_text(r.implementation.label()),
+                    opt(r.rate),
+                    r.rate_unit.to_owned(),
+                    opt(r.p50_us),
+                    opt(r.p99_us),
+                    opt(r.max_us),
+                    opt(r.switches_per_s),
+                    opt(r.per_task.map(|p| p.0)),
+                    opt(r.per_task.map(|p| p.1)),
+                    opt(r.overlaps),
+                    opt(r.failed),
+                    opt(r.locks_lost),
+                    opt(r.cpu_percent),
+                    opt(r.rss_per_lock),
+                    opt(r.overhead_percent),
+                    r.samples.to_string(),
+                    self.seconds.to_string(),
+                    csv_text(&r.note),
+                ];
+                out.push_str(&fields.join(","));
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// The machine, the rows and the ratios as one JSON document.
+    pub fn json(&self) -> String {
+        let m = &self.machine;
+        let mut out = String::from("{\n");
+        let _ = writeln!(
+            out,
+            "  \"machine\": {{\"nproc\": {}, \"cpu_model\": {}, \"kernel\": {}, \"redis_version\": {}}},",
+            m.nproc,
+            json_text(&m.cpu_model),
+            json_text(&m.kernel),
+            json_text(&m.redis_version)
+        );
+        let _ = writeln!(out, "  \"seconds_per_row\": {},", json_number(self.seconds));
+        out.push_str("  \"workloads\": [\n");
+        for (i, w) in self.workloads.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "    {{\"id\": {}, \"title\": {}, \"params\": {}, \"rows\": [",
+                json_text(w.id.name()),
+                json_text(w.title),
+                json_text(&w.params)
+            );
+            for (j, r) in w.rows.iter().enumerate() {
+                let fields = [
+                    ("implementation", json_text(r.implementation.id())),
+                    ("label", json_text(r.implementation.label())),
+                    ("rate_per_s", json_opt(r.rate)),
+                    ("rate_unit", json_text(r.rate_unit)),
+                    ("p50_us", json_opt(r.p50_us)),
+                    ("p99_us", json_opt(r.p99_us)),
+                    ("max_us", json_opt(r.max_us)),
+                    ("switches_per_s", json_opt(r.switches_per_s)),
+                    ("per_task_min", json_opt(r.per_task.map(|p| p.0 as f64))),
+                    ("per_task_max", json_opt(r.per_task.map(|p| p.1 as f64))),
+                    ("overlaps", json_opt(r.overlaps.map(|n| n as f64))),
+                    ("failed", json_opt(r.failed.map(|n| n as f64))),
+                    ("locks_lost", json_opt(r.locks_lost.map(|n| n as f64))),
+                    ("cpu_percent", json_opt(r.cpu_percent)),
+                    ("rss_per_lock_bytes", json_opt(r.rss_per_lock)),
+                    ("overhead_percent", json_opt(r.overhead_percent)),
+                    ("samples", r.samples.to_string()),
+                    ("note", json_text(&r.note)),
+                ];
+                let body: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| format!("\"{k}\": {v}"))
+                    .collect();
+                let comma = if j + 1 < w.rows.len() { "," } else { "" };
+                let _ = writeln!(out, "      {{{}}}{comma}", body.join(", "));
+            }
+            let comma = if i + 1 < self.workloads.len() {
+                ","
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "    ]}}{comma}");
+        }
+        out.push_str("  ],\n  \"ratios\": [\n");
+        let ratios = self.ratios();
+        for (i, r) in ratios.iter().enumerate() {
+            let (kind, bound) = match r.target {
+                Some(Target::AtLeast(t)) => (json_text("at_least"), json_number(t)),
+                Some(Target::AtMost(t)) => (json_text("at_most"), json_number(t)),
+                None => ("null".to_owned(), "null".to_owned()),
+            };
+            let met = r
+                .target
+                .map_or("null".to_owned(), |t| t.met(r.value).to_string());
+            let comma = if i + 1 < ratios.len() { "," } else { "" };
+            let _ = writeln!(
+                out,
+                "    {{\"workload\": {}, \"name\": {}, \"value\": {}, \"target\": {kind}, \"bound\": {bound}, \"met\": {met}}}{comma}",
+                json_text(r.workload.name()),
+                json_text(&r.name),
+                json_number(r.value)
+            );
+        }
+        out.push_str("  ]\n}\n");
+        out
+    }
+}
+
+/// What the rate of `imp` in `w` counts.
+fn unit_of(w: &WorkloadResult, imp: Impl) -> &'static str {
+    w.row(imp).map_or("ops", |r| r.rate_unit)
+}
+
+/// The table cells of a row.
+fn cells(r: &Row) -> Vec<String> {
+    let mut other = Vec::new();
+    if let Some(n) = r.locks_lost {
+        other.push(format!("lost {n}"));
+    }
+    if let Some(cpu) = r.cpu_percent {
+        other.push(format!("cpu {}%", fixed(cpu, 1)));
+    }
+    if let Some(rss) = r.rss_per_lock {
+        other.push(format!("{} B/lock", fixed(rss, 0)));
+    }
+    if let Some(pct) = r.overhead_percent {
+        other.push(format!("overhead {pct:+.2}%"));
+    }
+    if !r.note.is_empty() {
+        other.push(r.note.clone());
+    }
+    vec![
+        r.implementation.label().to_owned(),
+        r.rate.map_or("-".to_owned(), |v| fixed(v, 0)),
+        r.rate_unit.to_owned(),
+        r.p50_us.map_or("-".to_owned(), |v| fixed(v, 1)),
+        r.p99_us.map_or("-".to_owned(), |v| fixed(v, 1)),
+        r.max_us.map_or("-".to_owned(), |v| fixed(v, 1)),
+        r.switches_per_s.map_or("-".to_owned(), |v| fixed(v, 1)),
+        r.per_task
+            .map_or("-".to_owned(), |(lo, hi)| format!("{lo}..{hi}")),
+        r.overlaps.map_or("-".to_owned(), |n| n.to_string()),
+        r.failed.map_or("-".to_owned(), |n| n.to_string()),
+        r.samples.to_string(),
+        other.join("; "),
+    ]
+}
+
+/// `value` with `decimals` decimals.
+fn fixed(value: f64, decimals: usize) -> String {
+    format!("{value:.decimals$}")
+}
+
+/// A number without trailing zeros (`0.9`, `3`, `1024`).
+fn trim_number(value: f64) -> String {
+    let text = format!("{value:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// A CSV field: empty for `None`.
+fn opt<T: ToString>(value: Option<T>) -> String {
+    value.map_or(String::new(), |v| v.to_string())
+}
+
+/// A CSV text field, quoted when needed.
+fn csv_text(text: &str) -> String {
+    if text.contains([',', '"', '\n']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_owned()
+    }
+}
+
+/// A JSON string literal.
+fn json_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A JSON number, or `null` when not finite.
+fn json_number(value: f64) -> String {
+    if value.is_finite() {
+        value.to_string()
+    } else {
+        "null".to_owned()
+    }
+}
+
+/// A JSON number or `null`.
+fn json_opt(value: Option<f64>) -> String {
+    value.map_or("null".to_owned(), json_number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let mut floor = Row::new(Impl::Floor, "round trips");
+        floor.rate = Some(20_000.0);
+        let mut minimum = Row::new(Impl::Minimum, "cycles");
+        minimum.rate = Some(10_000.0);
+        let mut guard = Row::new(Impl::Guard, "cycles");
+        guard.rate = Some(9_500.0);
+        guard.note = "a \"quoted\", note".to_owned();
+        let mut rslock = Row::new(Impl::Rslock, "cycles");
+        rslock.rate = Some(5_000.0);
+        Report {
+            machine: Machine::default(),
+            seconds: 1.0,
+            workloads: vec![WorkloadResult {
+                id: WorkloadId::W1,
+                title: "one task",
+                params: "ttl 10s".to_owned(),
+                rows: vec![floor, minimum, guard, rslock],
+            }],
+        }
+    }
+
+    #[test]
+    fn ratios_compare_rows_of_one_workload() {
+        let ratios = report().ratios();
+        let find = |name: &str| {
+            ratios
+                .iter()
+                .find(|r| r.name == name)
+                .map(|r| (r.value, r.target))
+        };
+        assert_eq!(
+            find("lock-core guard / minimum, cycles/s"),
+            Some((0.95, Some(Target::AtLeast(0.9))))
+        );
+        assert_eq!(
+            find("lock-core guard / (floor / 2), cycles/s"),
+            Some((0.95, Some(Target::AtLeast(0.9))))
+        );
+        assert_eq!(
+            find("lock-core guard / rslock, cycles/s").map(|r| r.0),
+            Some(1.9)
+        );
+        // No attribute row: no attribute ratios.
+        assert!(ratios.iter().all(|r| !r.name.contains("attribute")));
+    }
+
+    #[test]
+    fn csv_quotes_and_json_escapes() {
+        let report = report();
+        let csv = report.csv();
+        assert!(csv.contains("\"a \"\"quoted\"\", note\""));
+        assert_eq!(csv.lines().count(), 5);
+        let json = report.json();
+        assert!(json.contains("\"note\": \"a \\\"quoted\\\", note\""));
+        assert!(json.contains("\"p50_us\": null"));
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let text = report().render();
+        assert!(text.contains("W1  one task  [ttl 10s]"));
+        assert!(text.contains("target >= 0.9: met"));
+    }
+}

@@ -1,0 +1,387 @@
+//! The workloads of the table, and the loops they share.
+//!
+//! | id | what |
+//! | --- | --- |
+//! | W1 | one task, one key, lock + release in a loop, ttl 10 s |
+//! | W2 | 64 tasks, each its own key |
+//! | W3 | 8 tasks, one key, lock (wait) + tiny critical section + release |
+//! | W3p | W3 with 4 processes × 2 tasks |
+//! | W4 | W1 against 5-node Redlock |
+//! | W5 | hold 10,000 locks with renewal (ttl 3 s) for 30 s |
+//! | W6 | annotated function vs the same body with the guard API |
+
+pub mod w1;
+pub mod w2;
+pub mod w3;
+pub mod w3p;
+pub mod w4;
+pub mod w5;
+pub mod w6;
+
+use crate::contenders::{Impl, Locker, Section};
+use crate::error::{BenchError, BenchResult, fail};
+use crate::report::Row;
+use crate::stats::{Contention, Record, Spread, wall_ns};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A workload of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkloadId {
+    /// One task, one key.
+    W1,
+    /// 64 tasks, a key each.
+    W2,
+    /// 8 tasks, one key, one process.
+    W3,
+    /// 8 tasks, one key, 4 processes.
+    W3p,
+    /// W1 on 5-node Redlock.
+    W4,
+    /// 10,000 locks held with renewal.
+    W5,
+    /// Attribute overhead.
+    W6,
+}
+
+impl WorkloadId {
+    /// Every workload, in table order.
+    pub const ALL: [WorkloadId; 7] = [
+        WorkloadId::W1,
+        WorkloadId::W2,
+        WorkloadId::W3,
+        WorkloadId::W3p,
+        WorkloadId::W4,
+        WorkloadId::W5,
+        WorkloadId::W6,
+    ];
+
+    /// `W1`, ..., `W3p`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadId::W1 => "W1",
+            WorkloadId::W2 => "W2",
+            WorkloadId::W3 => "W3",
+            WorkloadId::W3p => "W3p",
+            WorkloadId::W4 => "W4",
+            WorkloadId::W5 => "W5",
+            WorkloadId::W6 => "W6",
+        }
+    }
+
+    /// The workload named `name`, ignoring case.
+    pub fn parse(name: &str) -> Option<WorkloadId> {
+        WorkloadId::ALL
+            .into_iter()
+            .find(|id| id.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// What every workload needs to know.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// Measured time of each row.
+    pub seconds: Duration,
+    /// Unmeasured time run before each throughput row.
+    pub warmup: Duration,
+    /// The single server.
+    pub url: String,
+    /// The Redlock primaries (W4).
+    pub redlock_urls: Vec<String>,
+    /// W5's own server.
+    pub hold_url: Option<String>,
+    /// W5's server's address, for `MONITOR`.
+    pub hold_addr: Option<std::net::SocketAddr>,
+    /// How long W5 holds its locks.
+    pub w5_seconds: Duration,
+    /// How many locks W5 holds.
+    pub w5_locks: usize,
+}
+
+impl Context {
+    /// The parameter text every throughput workload ends with.
+    fn timing(&self) -> String {
+        format!(
+            "{:.1} s per row after {:.1} s warm-up, in {ROUNDS} rounds interleaved with the \
+             other rows",
+            self.seconds.as_secs_f64(),
+            self.warmup.as_secs_f64()
+        )
+    }
+}
+
+/// Says on stderr what is being measured (stdout is for the table).
+pub fn progress(workload: WorkloadId, imp: Impl) {
+    eprintln!("lock-bench: {} {}", workload.name(), imp.label());
+}
+
+/// What [`run_cycles`] measured.
+#[derive(Debug, Default)]
+pub struct CycleRun {
+    /// Completed cycles.
+    pub cycles: u64,
+    /// Cycles that did not get the lock, or failed.
+    pub failed: u64,
+    /// From the start to the end of the last task's last cycle.
+    pub elapsed: Duration,
+    /// The time of each completed cycle, ns.
+    pub latencies_ns: Vec<u64>,
+    /// The first error, if any.
+    pub first_error: Option<String>,
+}
+
+impl CycleRun {
+    /// Adds another run's figures to this one (time adds up too).
+    pub fn absorb(&mut self, other: CycleRun) {
+        self.cycles += other.cycles;
+        self.failed += other.failed;
+        self.elapsed += other.elapsed;
+        self.latencies_ns.extend(other.latencies_ns);
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+
+    /// The row of a throughput workload.
+    pub fn into_row(mut self, imp: Impl, unit: &'static str) -> Row {
+        let spread = Spread::of(&mut self.latencies_ns);
+        let mut row = Row::new(imp, unit);
+        let seconds = self.elapsed.as_secs_f64();
+        row.rate = (seconds > 0.0).then(|| self.cycles as f64 / seconds);
+        row.p50_us = Some(spread.p50_us);
+        row.p99_us = Some(spread.p99_us);
+        row.max_us = Some(spread.max_us);
+        row.failed = Some(self.failed);
+        row.samples = self.cycles;
+        row.note = self.first_error.unwrap_or_default();
+        row
+    }
+}
+
+/// One task per key, each cycling (lock, empty section, release) on its key
+/// until `duration` has passed.
+pub async fn run_cycles(
+    locker: &Arc<Locker>,
+    keys: &[String],
+    duration: Duration,
+) -> BenchResult<CycleRun> {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let locker = locker.clone();
+            let key = key.clone();
+            tokio::spawn(async move { cycle_task(&locker, &key, deadline).await })
+        })
+        .collect();
+    let mut total = CycleRun::default();
+    for task in tasks {
+        total.absorb(
+            task.await
+                .map_err(|e| fail(format!("a cycle task died: {e}")))?,
+        );
+    }
+    total.elapsed = start.elapsed();
+    Ok(total)
+}
+
+/// The loop of one [`run_cycles`] task.
+async fn cycle_task(locker: &Locker, key: &str, deadline: Instant) -> CycleRun {
+    let section = Section::empty();
+    let mut run = CycleRun::default();
+    loop {
+        let started = Instant::now();
+        if started >= deadline {
+            return run;
+        }
+        match locker.cycle(key, &section, false).await {
+            Ok(cycle) if cycle.done => {
+                run.cycles += 1;
+                run.latencies_ns.push(nanos(started.elapsed()));
+            }
+            Ok(cycle) => run.failed += u64::from(cycle.gave_up.max(1)),
+            Err(e) => note_error(&mut run.failed, &mut run.first_error, &e),
+        }
+    }
+}
+
+/// Rounds each throughput row is split into; see [`measure_rows`].
+pub const ROUNDS: u32 = 5;
+
+/// Measures one throughput row per implementation of `imps`, one task per
+/// lock name in `names`.
+///
+/// Every implementation is connected and warmed up first; then the measured
+/// time of each row is split into [`ROUNDS`] rounds, and each round runs
+/// every implementation in turn (starting one further along each round), so
+/// that a shared machine that gets busier or quieter during the run weighs
+/// on every row alike and the ratios stay meaningful.
+pub async fn measure_rows(
+    ctx: &Context,
+    workload: WorkloadId,
+    imps: &[Impl],
+    urls: &[String],
+    names: &[String],
+) -> BenchResult<Vec<Row>> {
+    let mut contenders = Vec::with_capacity(imps.len());
+    for &imp in imps {
+        progress(workload, imp);
+        let locker = Arc::new(Locker::connect(imp, urls).await?);
+        let keys: Vec<String> = names.iter().map(|name| locker.key(name)).collect();
+        run_cycles(&locker, &keys, ctx.warmup).await?;
+        contenders.push((locker, keys, CycleRun::default()));
+    }
+    let round = ctx.seconds / ROUNDS;
+    let count = contenders.len();
+    for r in 0..ROUNDS as usize {
+        for i in 0..count {
+            let (locker, keys, total) = &mut contenders[(r + i) % count];
+            total.absorb(run_cycles(locker, keys, round).await?);
+        }
+    }
+    Ok(contenders
+        .into_iter()
+        .zip(imps)
+        .map(|((_, _, total), &imp)| {
+            let unit = if imp == Impl::Floor {
+                "round trips"
+            } else {
+                "cycles"
+            };
+            total.into_row(imp, unit)
+        })
+        .collect())
+}
+
+/// What [`run_contended`] recorded in one process.
+#[derive(Debug, Default)]
+pub struct ContendedRun {
+    /// One record per acquisition.
+    pub records: Vec<Record>,
+    /// Calls that gave up or failed.
+    pub failed: u64,
+    /// Times the in-process exclusion counter saw two holders.
+    pub overlaps: u64,
+    /// The first error, if any.
+    pub first_error: Option<String>,
+}
+
+/// `tasks` tasks (ids `task_base..`) contending for `key` from `start_ns`
+/// until `end_ns` (wall clock): each asks for the lock, runs the exclusive
+/// section, releases, and asks again at once.
+pub async fn run_contended(
+    locker: Arc<Locker>,
+    key: String,
+    tasks: u32,
+    task_base: u32,
+    start_ns: u64,
+    end_ns: u64,
+) -> BenchResult<ContendedRun> {
+    let exclusion = Arc::new(crate::contenders::Exclusion::default());
+    let key = Arc::new(key);
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let locker = locker.clone();
+            let key = key.clone();
+            let section = Section::exclusive(exclusion.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_nanos(start_ns.saturating_sub(wall_ns()))).await;
+                let mut run = ContendedRun::default();
+                while wall_ns() < end_ns {
+                    let wait_start = wall_ns();
+                    match locker.cycle(&key, &section, true).await {
+                        Ok(cycle) => {
+                            run.failed += u64::from(cycle.gave_up);
+                            if cycle.done {
+                                let (acquired, released) = section.stamps();
+                                run.records.push(Record {
+                                    task: task_base + i,
+                                    wait_start,
+                                    acquired,
+                                    released,
+                                });
+                            }
+                        }
+                        Err(e) => note_error(&mut run.failed, &mut run.first_error, &e),
+                    }
+                }
+                run
+            })
+        })
+        .collect();
+    let mut total = ContendedRun::default();
+    for handle in handles {
+        let run = handle
+            .await
+            .map_err(|e| fail(format!("a contending task died: {e}")))?;
+        total.records.extend(run.records);
+        total.failed += run.failed;
+        if total.first_error.is_none() {
+            total.first_error = run.first_error;
+        }
+    }
+    total.overlaps = exclusion.overlaps();
+    Ok(total)
+}
+
+/// The row of a contended workload: `tasks` tasks over `[start_ns, end_ns]`.
+/// Overlaps are the larger of the in-process counter and the intersecting
+/// intervals found among the records.
+pub fn contended_row(
+    imp: Impl,
+    mut run: ContendedRun,
+    tasks: u32,
+    start_ns: u64,
+    end_ns: u64,
+) -> Row {
+    let c = Contention::from_records(&mut run.records, tasks, start_ns, end_ns);
+    let mut row = Row::new(imp, "acquisitions");
+    row.rate = Some(c.acquisitions_per_s);
+    row.p50_us = Some(c.wait.p50_us);
+    row.p99_us = Some(c.wait.p99_us);
+    row.max_us = Some(c.wait.max_us);
+    row.switches_per_s = Some(c.switches_per_s);
+    row.per_task = Some((c.per_task_min, c.per_task_max));
+    row.overlaps = Some(c.overlaps.max(run.overlaps));
+    row.failed = Some(run.failed);
+    row.samples = c.acquisitions;
+    row.note = run.first_error.unwrap_or_default();
+    row
+}
+
+/// A few uncontended cycles, so connections are open and scripts loaded
+/// before anything is measured. Failures here are ignored.
+pub async fn warm_up(locker: &Locker, key: &str) {
+    let section = Section::empty();
+    for _ in 0..20 {
+        let _ = locker.cycle(key, &section, false).await;
+    }
+}
+
+/// Counts a failure and keeps the first error's text.
+fn note_error(failed: &mut u64, first_error: &mut Option<String>, error: &BenchError) {
+    *failed += 1;
+    if first_error.is_none() {
+        *first_error = Some(error.to_string());
+    }
+}
+
+/// A duration in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_names_parse_back() {
+        for id in WorkloadId::ALL {
+            assert_eq!(WorkloadId::parse(id.name()), Some(id));
+        }
+        assert_eq!(WorkloadId::parse("w3P"), Some(WorkloadId::W3p));
+        assert_eq!(WorkloadId::parse("W7"), None);
+    }
+}

@@ -1,0 +1,32 @@
+//! W1: one task, one key, lock + release in a loop (ttl 10 s): cycles/s and
+//! cycle time, next to the floor (sequential `PING` on one connection).
+
+use super::{Context, WorkloadId, measure_rows};
+use crate::contenders::Impl;
+use crate::error::BenchResult;
+use crate::report::WorkloadResult;
+
+/// The implementations of W1, in table order.
+const ROWS: [Impl; 5] = [
+    Impl::Floor,
+    Impl::Minimum,
+    Impl::Guard,
+    Impl::Attribute,
+    Impl::Rslock,
+];
+
+/// Runs W1 on the single server.
+pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
+    let urls = [ctx.url.clone()];
+    let names = ["w1".to_owned()];
+    let rows = measure_rows(ctx, WorkloadId::W1, &ROWS, &urls, &names).await?;
+    Ok(WorkloadResult {
+        id: WorkloadId::W1,
+        title: "one task, one key, lock + release in a loop",
+        params: format!(
+            "1 task, ttl 10s, 1 server; floor = sequential PING on one connection; {}",
+            ctx.timing()
+        ),
+        rows,
+    })
+}

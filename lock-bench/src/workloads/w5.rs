@@ -1,0 +1,187 @@
+//! W5: hold 10,000 locks at once with renewal (ttl 3 s) for 30 s.
+//!
+//! Figures: locks lost (must be 0); renewal commands sent per second,
+//! counted by a `MONITOR` connection during the hold (every command a client
+//! sends then is renewal traffic, since the bench sends nothing else;
+//! `INFO commandstats` would also count the `GET`/`PEXPIRE` calls run inside
+//! scripts, which are not sent); socket reads per second from `INFO stats`
+//! (`total_reads_processed`, about the round trips); client CPU over the
+//! hold, from `/proc/self/stat`; resident memory per held lock, from `VmRSS`
+//! before taking the locks and while holding them.
+
+use super::{Context, WorkloadId, progress};
+use crate::contenders::{Impl, LOCK_CORE_PREFIX, Locker};
+use crate::error::{BenchResult, fail};
+use crate::report::{Row, WorkloadResult};
+use crate::servers::{Monitor, connect, info};
+use crate::sysinfo::{cpu_time, rss_bytes};
+use futures::StreamExt;
+use lock_core::{LockGuard, LockOptions};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// The lease length of W5.
+const TTL: Duration = Duration::from_secs(3);
+
+/// Acquisitions and releases in flight at once.
+const IN_FLIGHT: usize = 256;
+
+/// Runs W5 on its own server.
+pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
+    let (Some(url), Some(addr)) = (ctx.hold_url.clone(), ctx.hold_addr) else {
+        return Err(fail("W5 needs its server"));
+    };
+    progress(WorkloadId::W5, Impl::Guard);
+    let row = hold(ctx, &url, addr).await?;
+    Ok(WorkloadResult {
+        id: WorkloadId::W5,
+        title: "hold many locks at once with renewal",
+        params: format!(
+            "{} locks, ttl {}s, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time; \
+             rate = server commands/s during the hold (a heartbeat per lock would send \
+             {:.0}/s), counted with MONITOR; cpu = client CPU time / hold time; \
+             B/lock = VmRSS growth / locks",
+            ctx.w5_locks,
+            TTL.as_secs(),
+            ctx.w5_seconds.as_secs_f64(),
+            ctx.w5_locks as f64 / (TTL.as_secs_f64() / 3.0)
+        ),
+        rows: vec![row],
+    })
+}
+
+/// Takes the locks, holds them, measures, releases them.
+async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
+    let locker = Locker::connect(Impl::Guard, &[url.to_owned()]).await?;
+    let client = locker
+        .lock_core()
+        .ok_or_else(|| fail("W5 needs a lock-core client"))?
+        .clone();
+    let mut admin = connect(url).await?;
+    let options = LockOptions::new(TTL).wait(Duration::from_secs(30));
+
+    // Warm up the client so the baseline includes its fixed costs.
+    for i in 0..100 {
+        let guard = client
+            .lock_with(&format!("w5-warm:{i}"), options.clone())
+            .await?;
+        guard.release().await?;
+    }
+    let rss_before = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
+
+    let taking = Instant::now();
+    let results: Vec<_> = futures::stream::iter(0..ctx.w5_locks)
+        .map(|i| {
+            let client = client.clone();
+            let options = options.clone();
+            async move { client.lock_with(&format!("w5:{i}"), options).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let took = taking.elapsed();
+    let mut failed = 0u64;
+    let mut first_error = None;
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            Ok(guard) => guards.push(guard),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    let rss_held = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
+
+    let reads_before = reads_processed(&mut admin).await?;
+    let monitor = Monitor::start(addr)?;
+    let cpu_start = cpu_time().ok_or_else(|| fail("cannot read /proc/self/stat"))?;
+    let held_since = Instant::now();
+    tokio::time::sleep(ctx.w5_seconds).await;
+    let held_for = held_since.elapsed();
+    let cpu = cpu_time()
+        .ok_or_else(|| fail("cannot read /proc/self/stat"))?
+        .saturating_sub(cpu_start);
+    let counts = monitor.stop()?;
+    let reads = reads_processed(&mut admin)
+        .await?
+        .saturating_sub(reads_before);
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let heartbeats = client.heartbeats_running();
+    let stored: u64 = redis::cmd("DBSIZE").query_async(&mut admin).await?;
+    let held = u64::try_from(guards.len()).unwrap_or(u64::MAX);
+
+    let released: Vec<_> = futures::stream::iter(guards)
+        .map(LockGuard::release)
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let not_ours = released.iter().filter(|r| !matches!(r, Ok(true))).count();
+
+    let renewal: Vec<(&String, &u64)> = counts
+        .sent
+        .iter()
+        .filter(|(command, _)| !is_admin(command))
+        .collect();
+    let renewal_calls: u64 = renewal.iter().map(|(_, n)| **n).sum();
+    let seconds = held_for.as_secs_f64();
+    let mut row = Row::new(Impl::Guard, "renewal cmds");
+    row.rate = Some(renewal_calls as f64 / seconds);
+    row.locks_lost = Some(u64::try_from(lost.max(not_ours)).unwrap_or(u64::MAX));
+    row.cpu_percent = Some(cpu.as_secs_f64() / seconds * 100.0);
+    row.rss_per_lock = (held > 0).then(|| rss_held.saturating_sub(rss_before) as f64 / held as f64);
+    row.failed = Some(failed);
+    row.samples = held;
+    let list = |counts: &mut dyn Iterator<Item = (&String, &u64)>| {
+        let items: Vec<String> = counts
+            .map(|(command, n)| format!("{command} {n}"))
+            .collect();
+        if items.is_empty() {
+            "nothing".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    row.note = format!(
+        "sent {}; run inside scripts {}; {:.1} socket reads/s; {heartbeats} heartbeats; \
+         {stored} keys under {}; taken in {:.2} s; {not_ours} releases found the lock gone{}",
+        list(&mut renewal.iter().copied()),
+        list(&mut counts.in_scripts.iter()),
+        reads as f64 / seconds,
+        LOCK_CORE_PREFIX,
+        took.as_secs_f64(),
+        first_error.map_or(String::new(), |e| format!("; first error: {e}"))
+    );
+    Ok(row)
+}
+
+/// `total_reads_processed` of `INFO stats`: socket reads, about one per
+/// round trip of any client.
+async fn reads_processed(admin: &mut redis::aio::MultiplexedConnection) -> BenchResult<u64> {
+    let stats = info(admin, "stats").await?;
+    Ok(stats
+        .get("total_reads_processed")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
+}
+
+/// The bench's own commands to the server, not renewal traffic.
+fn is_admin(command: &str) -> bool {
+    ["info", "config", "dbsize", "monitor"]
+        .iter()
+        .any(|admin| command == *admin || command.starts_with(&format!("{admin}|")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_commands_are_not_renewals() {
+        assert!(is_admin("info"));
+        assert!(is_admin("config|resetstat"));
+        assert!(!is_admin("evalsha"));
+        assert!(!is_admin("pexpire"));
+    }
+}
