@@ -706,3 +706,44 @@ async fn a_hand_off_in_process_keeps_the_lease_and_renews_it_for_the_next_holder
     assert!(next.fencing_token().unwrap() > first_fence);
     assert!(next.release().await.unwrap());
 }
+
+#[tokio::test]
+async fn a_hand_off_without_fencing_costs_no_round_trip_and_is_renewed_for_the_new_ttl() {
+    let server = RedisServer::start();
+    let client = Arc::new(client_for(&server).await);
+    let held = client.lock("k", Duration::from_secs(5)).await.unwrap();
+    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(20));
+            let acquiring = client.lock_with("k", opts);
+            tokio::pin!(acquiring);
+            tokio::select! {
+                biased;
+                _ = &mut acquiring => panic!("acquired while held"),
+                () = std::future::ready(()) => {}
+            }
+            queued_tx.send(()).unwrap();
+            acquiring.await
+        })
+    };
+    queued_rx.await.unwrap();
+    assert!(held.release().await.unwrap());
+    let next = waiter.await.unwrap().unwrap();
+    let now_token: String = server.cmd(&["GET", &storage_key("k")]);
+    assert_eq!(now_token, token, "the lease never left Redis");
+    // Its ttl (60 s) is longer than what the lease had left: the heartbeat
+    // sets it at once.
+    eventually(
+        Duration::from_secs(2),
+        "the lease is renewed for 60 s",
+        || server.cmd::<i64>(&["PTTL", &storage_key("k")]) > 50_000,
+    )
+    .await;
+    assert!(!next.is_lost());
+    assert!(next.release().await.unwrap());
+    let gone: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+    assert_eq!(gone, None);
+}

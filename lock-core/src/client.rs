@@ -3,7 +3,7 @@
 use crate::backend::{Attempt, Backend, LockKeys, Node, Quorum, Subscription, Wakeups, redact};
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{Lease, LockGuard};
+use crate::guard::{Lease, LockGuard, validity_end};
 use crate::heartbeat::Heartbeat;
 use crate::line::{Baton, HandoffBudget, Lines, Owner, Place, Turn};
 use crate::token::Token;
@@ -231,6 +231,37 @@ impl LockClient {
             fence: fence_key.as_deref(),
         };
         match baton {
+            Some(Baton::Lease(handed, _))
+                if options.renew
+                    && fence_key.is_none()
+                    && Instant::now() + MIN_TTL < handed.valid_until =>
+            {
+                // Nothing to change in Redis now: the lease stays as it is,
+                // and the heartbeat sets it to our ttl when it is due (at
+                // once if our ttl is the longer).
+                let now = Instant::now();
+                let renew_at = handed
+                    .valid_until
+                    .checked_sub(ttl * 2 / 3)
+                    .unwrap_or(now)
+                    .max(now);
+                let lease = Lease::new(
+                    key.to_owned(),
+                    storage_key.clone(),
+                    handed.token,
+                    None,
+                    ttl,
+                    handed.valid_until,
+                );
+                return Ok(LockGuard::new(
+                    inner.clone(),
+                    lease,
+                    renew_at,
+                    true,
+                    turn,
+                    false,
+                ));
+            }
             Some(Baton::Lease(handed, _)) => {
                 let sent = Instant::now();
                 let taken = if sent < handed.valid_until {
@@ -248,12 +279,12 @@ impl LockClient {
                         handed.token,
                         fence,
                         ttl,
-                        sent,
+                        validity_end(sent, ttl),
                     );
                     return Ok(LockGuard::new(
                         inner.clone(),
                         lease,
-                        sent,
+                        sent + ttl / 3,
                         options.renew,
                         turn,
                         false,
@@ -293,12 +324,18 @@ impl LockClient {
                 .await;
             let last_error = match outcome {
                 Ok(Attempt::Granted { fence }) => {
-                    let lease =
-                        Lease::new(key.to_owned(), storage_key.clone(), token, fence, ttl, sent);
+                    let lease = Lease::new(
+                        key.to_owned(),
+                        storage_key.clone(),
+                        token,
+                        fence,
+                        ttl,
+                        validity_end(sent, ttl),
+                    );
                     return Ok(LockGuard::new(
                         inner.clone(),
                         lease,
-                        sent,
+                        sent + ttl / 3,
                         options.renew,
                         turn,
                         true,
@@ -516,7 +553,7 @@ fn check_duration(what: &str, value: Duration, min: Duration) -> Result<(), Lock
 /// | [`operation_timeout`](Self::operation_timeout) | 2 s |
 /// | [`connect_timeout`](Self::connect_timeout) | 5 s |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 200 ms, full jitter |
-/// | [`handoff_budget`](Self::handoff_budget) | 16 hand-offs within 20 ms |
+/// | [`handoff_budget`](Self::handoff_budget) | 1000 hand-offs within 10 ms |
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockClientBuilder {
@@ -610,8 +647,8 @@ impl LockClientBuilder {
     }
 
     /// How long the tasks of this process may pass a lease among themselves
-    /// before it is released to other processes (default: 16 hand-offs
-    /// within 20 ms). [`HandoffBudget::NONE`] turns hand-off off; the tasks
+    /// before it is released to other processes (default: 1000 hand-offs
+    /// within 10 ms). [`HandoffBudget::NONE`] turns hand-off off; the tasks
     /// of a process still queue in order.
     pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
         self.handoff = budget;

@@ -44,7 +44,7 @@ impl Lease {
         token: Token,
         fence: Option<u64>,
         ttl: Duration,
-        sent: Instant,
+        valid_until: Instant,
     ) -> Lease {
         Lease {
             key,
@@ -52,7 +52,7 @@ impl Lease {
             token,
             fence,
             ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
-            valid_until: Mutex::new(validity_end(sent, ttl)),
+            valid_until: Mutex::new(valid_until),
             lost: AtomicBool::new(false),
             lost_notify: Notify::new(),
             renewing: Arc::new(tokio::sync::Mutex::new(())),
@@ -112,7 +112,9 @@ impl Lease {
     }
 }
 
-fn validity_end(sent: Instant, ttl: Duration) -> Instant {
+/// Until when a lease of `ttl` acquired or renewed by a command sent at
+/// `sent` may be trusted.
+pub(crate) fn validity_end(sent: Instant, ttl: Duration) -> Instant {
     sent + ttl.saturating_sub(drift(ttl))
 }
 
@@ -144,14 +146,14 @@ impl LockGuard {
     pub(crate) fn new(
         client: Arc<ClientInner>,
         lease: Lease,
-        since: Instant,
+        renew_at: Instant,
         renew: bool,
         turn: Turn<'_>,
         from_redis: bool,
     ) -> LockGuard {
         let lease = Arc::new(lease);
         let owner = turn.keep(&lease, from_redis);
-        let heartbeat = renew.then(|| Heartbeat::join(&client, lease.clone(), since));
+        let heartbeat = renew.then(|| Heartbeat::join(&client, lease.clone(), renew_at));
         LockGuard {
             client,
             lease,

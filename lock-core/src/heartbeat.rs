@@ -74,10 +74,9 @@ impl Heartbeat {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts renewing `lease`, and the task if none runs.
-    pub(crate) fn join(client: &Arc<ClientInner>, lease: Arc<Lease>, since: Instant) -> Enrolment {
+    /// Starts renewing `lease` from `due` on, and the task if none runs.
+    pub(crate) fn join(client: &Arc<ClientInner>, lease: Arc<Lease>, due: Instant) -> Enrolment {
         let heartbeat = &client.heartbeat;
-        let due = since + lease.ttl() / 3;
         let (id, start, wake) = {
             let mut schedule = heartbeat.lock();
             let id = schedule.next_id;

@@ -45,11 +45,11 @@ impl HandoffBudget {
 }
 
 impl Default for HandoffBudget {
-    /// Up to 16 hand-offs within 20 ms.
+    /// Up to 1000 hand-offs within 10 ms.
     fn default() -> HandoffBudget {
         HandoffBudget {
-            handoffs: 16,
-            hold: Duration::from_millis(20),
+            handoffs: 1000,
+            hold: Duration::from_millis(10),
         }
     }
 }
@@ -325,7 +325,7 @@ mod tests {
             Token::generate(),
             None,
             Duration::from_secs(10),
-            Instant::now(),
+            Instant::now() + Duration::from_secs(10),
         ))
     }
 

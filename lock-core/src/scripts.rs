@@ -109,3 +109,15 @@ end
 return 1"#,
     )
 });
+
+/// Every script, for loading them when a connection opens.
+pub(crate) fn all() -> [&'static Script; 6] {
+    [
+        &RELEASE,
+        &RENEW,
+        &ACQUIRE_FENCED,
+        &LIFT_FENCE,
+        &RENEW_MANY,
+        &TAKE_OVER,
+    ]
+}

@@ -2,6 +2,7 @@
 //! bound on every call.
 
 use crate::error::{ErrorKind, LockError, TimedOut, from_redis};
+use futures::future::join_all;
 use redis::aio::MultiplexedConnection;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -116,6 +117,14 @@ impl Node {
                     }));
             }
         };
+        // Load the scripts up front, so the first calls after connecting do
+        // not each pay a NOSCRIPT round trip. Best effort: a failure here
+        // only means they load on first use.
+        let loads = crate::scripts::all().map(|script| {
+            let mut conn = conn.clone();
+            async move { script.load_async(&mut conn).await }
+        });
+        let _ = tokio::time::timeout(self.connect_timeout, join_all(loads)).await;
         let driver_alive = Arc::new(AtomicBool::new(true));
         let (retire_tx, retire_rx) = oneshot::channel::<()>();
         let watch = RuntimeWatch(driver_alive.clone());
