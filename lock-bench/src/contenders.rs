@@ -2,7 +2,7 @@
 //!
 //! | [`Impl`] | what one cycle is |
 //! | --- | --- |
-//! | `Floor` | one `PING` round trip (to every server at once for W4) |
+//! | `Floor` | one plain `SET` round trip (to every server at once for W4) |
 //! | `Minimum` | [`MinimumLock`]: `SET NX PX`, then `EVALSHA` compare-and-delete |
 //! | `Guard` | `LockClient::lock_with` then `LockGuard::release` |
 //! | `Attribute` | a call of an `#[distributed_lock]` function |
@@ -39,7 +39,7 @@ pub const POLL_MAX: Duration = Duration::from_millis(10);
 /// An implementation, as named in the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Impl {
-    /// Raw `PING` round trips.
+    /// Raw round trips: plain `SET`s.
     Floor,
     /// The hand-written minimum lock.
     Minimum,
@@ -66,7 +66,7 @@ impl Impl {
     /// The name shown in the table.
     pub fn label(self) -> &'static str {
         match self {
-            Impl::Floor => "floor (PING)",
+            Impl::Floor => "floor (SET)",
             Impl::Minimum => "minimum",
             Impl::Guard => "lock-core guard",
             Impl::Attribute => "lock-core attribute",
@@ -169,7 +169,7 @@ impl Section {
 /// A connected implementation.
 #[derive(Debug)]
 pub enum Locker {
-    /// `PING` round trips on a connection of its own.
+    /// Plain `SET` round trips on a connection of its own.
     Floor(MinimumLock),
     /// The minimum lock.
     Minimum(MinimumLock),
@@ -244,7 +244,7 @@ impl Locker {
     pub async fn cycle(&self, key: &str, section: &Section, contended: bool) -> BenchResult<Cycle> {
         match self {
             Locker::Floor(floor) => {
-                floor.ping().await?;
+                floor.floor().await?;
                 Ok(Cycle {
                     done: true,
                     gave_up: 0,

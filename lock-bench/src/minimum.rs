@@ -110,12 +110,19 @@ impl MinimumLock {
         Ok(released > self.nodes.len() / 2)
     }
 
-    /// Sequential `PING` round trips as a floor: to the one server, or to
-    /// every server at once (one fan-out counts as one round trip).
-    pub async fn ping(&self) -> BenchResult<()> {
+    /// Sequential plain `SET`s as a floor (the cheapest write, one round
+    /// trip): to the one server, or to every server at once (one fan-out
+    /// counts as one round trip).
+    pub async fn floor(&self) -> BenchResult<()> {
         let ping = |node: &MultiplexedConnection| {
             let mut conn = node.clone();
-            async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
+            async move {
+                redis::cmd("SET")
+                    .arg("bench:floor")
+                    .arg("1")
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
         };
         if let [node] = self.nodes.as_slice() {
             ping(node).await?;

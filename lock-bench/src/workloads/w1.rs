@@ -1,5 +1,5 @@
 //! W1: one task, one key, lock + release in a loop (ttl 10 s): cycles/s and
-//! cycle time, next to the floor (sequential `PING` on one connection).
+//! cycle time, next to the floor (sequential plain `SET` on one connection).
 
 use super::{Context, WorkloadId, measure_rows};
 use crate::contenders::Impl;
@@ -24,7 +24,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         id: WorkloadId::W1,
         title: "one task, one key, lock + release in a loop",
         params: format!(
-            "1 task, ttl 10s, 1 server; floor = sequential PING on one connection; {}",
+            "1 task, ttl 10s, 1 server; floor = sequential plain SET on one connection; {}",
             ctx.timing()
         ),
         rows,

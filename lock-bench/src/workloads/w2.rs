@@ -28,7 +28,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         title: "64 tasks, each its own key",
         params: format!(
             "{TASKS} tasks sharing one client (one multiplexed connection), ttl 10s; \
-             floor = {TASKS} tasks PINGing on one connection; {}",
+             floor = {TASKS} tasks SETting on one connection; {}",
             ctx.timing()
         ),
         rows,

@@ -27,7 +27,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         id: WorkloadId::W4,
         title: "W1 against 5-node Redlock",
         params: format!(
-            "1 task, ttl 10s, {} primaries, quorum {}; floor = PING to all at once, \
+            "1 task, ttl 10s, {} primaries, quorum {}; floor = SET to all at once, \
              sequentially; {}",
             ctx.redlock_urls.len(),
             ctx.redlock_urls.len() / 2 + 1,
