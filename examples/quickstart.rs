@@ -6,8 +6,14 @@
 //! cargo run --example quickstart                                   # starts a throwaway redis-server
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart  # or uses yours
 //! ```
+//!
+//! With neither `REDIS_URL` nor a `redis-server` on PATH it runs on the
+//! in-memory backend and says so.
+//!
+//! ```text
+//! ```
 
-use lock_core::{LockClient, LockError, distributed_lock};
+use lock_core::{LockError, distributed_lock};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -55,12 +61,9 @@ async fn charge(order_id: u64, worker: usize) -> Result<(), LockError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let redis = redis_for_example::redis_url()?;
-    let client = LockClient::builder()
-        .url(redis.url())
-        .key_prefix("quickstart:")
-        .build()
-        .await?;
+    // REDIS_URL, or a throwaway redis-server, or (with neither) in memory.
+    let backing = redis_for_example::redis_or_memory()?;
+    let client = backing.builder().key_prefix("quickstart:").build().await?;
     lock_core::set_global_client(client)?;
     since_start();
 

@@ -1,16 +1,21 @@
 //! [`LockClient`] and its builder: the one way in.
 
-use crate::backend::{Attempt, Backend, LockKeys, Node, Quorum, Subscription, Wakeups, redact};
+use crate::backend::{
+    Attempt, Backend, LockKeys, MemoryStore, Node, Quorum, Subscription, Wakeups, redact,
+};
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{Lease, LockGuard, validity_end};
+use crate::guard::{Holds, Lease, LockGuard, validity_end};
 use crate::heartbeat::Heartbeat;
 use crate::line::{Baton, HandoffBudget, Lines, Owner, Place, Turn};
+use crate::observe;
 use crate::token::Token;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// The longest key accepted, prefix included.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -42,6 +47,7 @@ pub struct LockOptions {
     wait: Option<Duration>,
     renew: bool,
     fencing: bool,
+    holds: Holds,
 }
 
 impl LockOptions {
@@ -53,6 +59,7 @@ impl LockOptions {
             wait: None,
             renew: true,
             fencing: false,
+            holds: Holds::default(),
         }
     }
 
@@ -77,6 +84,23 @@ impl LockOptions {
     /// expires.
     pub fn fencing(mut self, fencing: bool) -> LockOptions {
         self.fencing = fencing;
+        self
+    }
+
+    /// Keep the lock at least this long after it was acquired, even when the
+    /// guard is released sooner: the release then shortens the lease to what
+    /// is left instead of deleting it. For scheduled jobs: a run that
+    /// finishes fast must not let another replica run the same tick.
+    pub fn min_hold(mut self, min_hold: Duration) -> LockOptions {
+        self.holds.min = Some(min_hold);
+        self
+    }
+
+    /// Hold the lock at most this long: renewal stops then and the lock is
+    /// reported lost, so a runaway holder cannot keep it forever. At least
+    /// the ttl.
+    pub fn max_hold(mut self, max_hold: Duration) -> LockOptions {
+        self.holds.max = Some(max_hold);
         self
     }
 
@@ -159,6 +183,50 @@ impl LockClient {
         LockClientBuilder::default()
     }
 
+    /// A client whose locks live in this process's memory, with the
+    /// builder's defaults: for unit tests of code that locks, without a
+    /// Redis server. Leases, renewal, loss, fencing, contention, waits and
+    /// release checks behave as with one Redis server; clones of the client
+    /// share its locks. For several clients on one store (replicas of a
+    /// service in one test), see [`in_memory_on`](Self::in_memory_on).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::in_memory();
+    /// let guard = client.lock("order:42", std::time::Duration::from_secs(30)).await?;
+    /// assert!(client.try_lock("order:42", std::time::Duration::from_secs(30)).await?.is_none());
+    /// assert!(guard.release().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn in_memory() -> LockClient {
+        LockClient::in_memory_on(&MemoryStore::new())
+    }
+
+    /// An in-memory client on `store`, with the builder's defaults: every
+    /// client on one store sees the same locks.
+    pub fn in_memory_on(store: &MemoryStore) -> LockClient {
+        LockClient::assemble(LockClientBuilder::default(), Backend::Memory(store.clone()))
+    }
+
+    /// The client for a checked configuration and its backend.
+    fn assemble(settings: LockClientBuilder, backend: Backend) -> LockClient {
+        let wakeups = backend.wakeups();
+        LockClient {
+            inner: Arc::new(ClientInner {
+                backend,
+                lines: Lines::default(),
+                handoff: settings.handoff,
+                wakeups,
+                prefix: settings.prefix,
+                default_ttl: settings.default_ttl,
+                default_wait: settings.default_wait,
+                op_timeout: settings.op_timeout,
+                backoff: settings.backoff,
+                heartbeat: Heartbeat::default(),
+            }),
+        }
+    }
+
     /// Takes the lock `key` for `ttl`, waiting up to the client's default
     /// wait. The lease is renewed until the guard is released or dropped.
     ///
@@ -189,11 +257,41 @@ impl LockClient {
     /// hears a release at once through Redis pub/sub, with its backoff timer
     /// as the fallback.
     pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        let span = tracing::debug_span!(
+            "lock",
+            key,
+            attempts = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let attempts = AtomicU32::new(0);
+        let started = Instant::now();
+        let result = self
+            .acquire(key, options, &attempts)
+            .instrument(span.clone())
+            .await;
+        observe::acquisition(
+            &span,
+            result.as_ref().map(drop),
+            attempts.load(Ordering::Relaxed),
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        options: LockOptions,
+        attempts: &AtomicU32,
+    ) -> Result<LockGuard, LockError> {
         let inner = &self.inner;
         let ttl = options.ttl;
         check_duration("ttl", ttl, MIN_TTL).map_err(|e| e.with_key(key))?;
         let wait = options.wait.unwrap_or(inner.default_wait);
         check_duration("wait", wait, Duration::ZERO).map_err(|e| e.with_key(key))?;
+        options.holds.check(ttl).map_err(|e| e.with_key(key))?;
+        let holds = options.holds;
         let storage_key = self.storage_key(key)?;
         let fence_key = options.fencing.then(|| fence_key(&storage_key));
         let started = Instant::now();
@@ -252,6 +350,7 @@ impl LockClient {
                     None,
                     ttl,
                     handed.valid_until,
+                    holds,
                 );
                 return Ok(LockGuard::new(
                     inner.clone(),
@@ -280,6 +379,7 @@ impl LockClient {
                         fence,
                         ttl,
                         validity_end(sent, ttl),
+                        holds,
                     );
                     return Ok(LockGuard::new(
                         inner.clone(),
@@ -292,7 +392,7 @@ impl LockClient {
                 }
                 // Expired, lost, or not transferable: let it go and acquire
                 // the key afresh.
-                spawn_release(inner.clone(), storage_key.clone(), handed.token);
+                spawn_release(inner.clone(), storage_key.clone(), handed.token, None);
             }
             Some(Baton::Turn { after, .. }) if after > Duration::ZERO => {
                 tokio::time::sleep_until(deadline.min(Instant::now() + after)).await;
@@ -318,6 +418,7 @@ impl LockClient {
                 released.enable();
             }
             let sent = Instant::now();
+            attempts.fetch_add(1, Ordering::Relaxed);
             let outcome = inner
                 .backend
                 .acquire(keys(), &token, ttl, inner.op_timeout)
@@ -331,6 +432,7 @@ impl LockClient {
                         fence,
                         ttl,
                         validity_end(sent, ttl),
+                        holds,
                     );
                     return Ok(LockGuard::new(
                         inner.clone(),
@@ -345,7 +447,7 @@ impl LockClient {
                 Err(e) if e.kind() == ErrorKind::Unavailable => {
                     // The SET may have been applied with its answer lost:
                     // give that token up and never reuse it.
-                    spawn_release(inner.clone(), storage_key.clone(), token);
+                    spawn_release(inner.clone(), storage_key.clone(), token, None);
                     token = Token::generate();
                     Some(e)
                 }
@@ -370,6 +472,7 @@ impl LockClient {
                 .delay(attempt)
                 .min(deadline.saturating_duration_since(Instant::now()));
             attempt = attempt.saturating_add(1);
+            observe::retry(key, attempt, pause);
             match released.as_mut().as_pin_mut() {
                 Some(released) => {
                     let _ = tokio::time::timeout(pause, released).await;
@@ -509,14 +612,27 @@ async fn wait_in_line(
 }
 
 /// Releases a lock in the background, bounded by the operation timeout; does
-/// nothing outside a tokio runtime (the lease then simply expires).
-pub(crate) fn spawn_release(inner: Arc<ClientInner>, storage_key: String, token: Token) {
+/// nothing outside a tokio runtime (the lease then simply expires). With
+/// `keep_for` (a `min_hold` not yet over) the lease is shortened to that
+/// instead.
+pub(crate) fn spawn_release(
+    inner: Arc<ClientInner>,
+    storage_key: String,
+    token: Token,
+    keep_for: Option<Duration>,
+) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {
-            let _ = inner
-                .backend
-                .release(&storage_key, &token, inner.op_timeout)
-                .await;
+            let limit = inner.op_timeout;
+            let _ = match keep_for {
+                Some(keep_for) => {
+                    inner
+                        .backend
+                        .renew(&storage_key, &token, keep_for, limit)
+                        .await
+                }
+                None => inner.backend.release(&storage_key, &token, limit).await,
+            };
         });
     }
 }
@@ -566,6 +682,9 @@ pub struct LockClientBuilder {
     node_timeout: Option<Duration>,
     backoff: Backoff,
     handoff: HandoffBudget,
+    memory: Option<MemoryStore>,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
 }
 
 impl Default for LockClientBuilder {
@@ -580,19 +699,31 @@ impl Default for LockClientBuilder {
             node_timeout: None,
             backoff: Backoff::default(),
             handoff: HandoffBudget::default(),
+            memory: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
 
 impl LockClientBuilder {
-    /// A Redis server, as a `redis://` (or `rediss://`) URL; credentials
-    /// go in it as `redis://user:password@host:port/db`.
+    /// A Redis server, as a `redis://` (or, with the `tls` feature,
+    /// `rediss://`) URL; credentials go in it as
+    /// `redis://user:password@host:port/db`.
     ///
     /// Called once: locks live on that server. Called for three or more
     /// independent primaries (or use [`urls`](Self::urls)): Redlock, where a
     /// lock is held on a majority of them.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
+        self
+    }
+
+    /// Keeps the locks in this process's memory, in `store`, instead of
+    /// Redis: for unit tests. Clients built on one store see the same locks.
+    /// See [`LockClient::in_memory`].
+    pub fn in_memory(mut self, store: &MemoryStore) -> Self {
+        self.memory = Some(store.clone());
         self
     }
 
@@ -661,20 +792,98 @@ impl LockClientBuilder {
         self
     }
 
+    /// Trusts the CA certificate(s) in `pem` (PEM text, one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks) for `rediss://` servers,
+    /// instead of the system's trust store: for a server whose certificate
+    /// a private CA issued. Called again, trusts those as well.
+    ///
+    /// Needs the `tls` feature.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_root_certificate(std::fs::read("/etc/redis/ca.crt")?)
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        let mut pem = pem.into();
+        let tls = self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        });
+        match &mut tls.root_cert {
+            Some(roots) => {
+                roots.push(b'\n');
+                roots.append(&mut pem);
+            }
+            None => tls.root_cert = Some(pem),
+        }
+        self
+    }
+
+    /// Presents this client certificate (PEM chain) and private key (PEM,
+    /// PKCS#8, PKCS#1 or SEC1) to `rediss://` servers that require one
+    /// (mutual TLS, `tls-auth-clients yes`).
+    ///
+    /// Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        let tls = self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        });
+        tls.client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// One server, with the TLS certificates when some were given.
+    #[cfg(feature = "tls")]
+    fn node(&self, url: &str) -> Result<Node, LockError> {
+        match &self.tls {
+            Some(tls) => Node::with_tls(url, self.connect_timeout, tls),
+            None => Node::new(url, self.connect_timeout),
+        }
+    }
+
+    /// One server.
+    #[cfg(not(feature = "tls"))]
+    fn node(&self, url: &str) -> Result<Node, LockError> {
+        Node::new(url, self.connect_timeout)
+    }
+
     /// Checks the configuration, connects and proves the server answers.
     ///
     /// Errors: [`ErrorKind::Config`] for invalid settings or URL,
     /// [`ErrorKind::Unavailable`] when the server cannot be reached within
     /// the connect timeout, [`ErrorKind::Server`] when it refuses (wrong
-    /// password).
+    /// password, an ACL without `PING`); [`ErrorKind::Config`] also for a
+    /// `rediss://` URL without the `tls` feature and for a failed TLS
+    /// handshake (a server certificate no trusted CA issued).
     pub async fn build(self) -> Result<LockClient, LockError> {
-        match self.urls.len() {
-            0 => {
+        match (self.urls.len(), &self.memory) {
+            (0, Some(_)) => {}
+            (_, Some(_)) => {
+                return Err(LockError::config(
+                    "both Redis URLs and an in-memory store given; choose one",
+                ));
+            }
+            (0, None) => {
                 return Err(LockError::config(
                     "no Redis URL: call .url(\"redis://host:6379\") on the builder",
                 ));
             }
-            2 => {
+            (2, None) => {
                 return Err(LockError::config(
                     "2 Redis URLs: Redlock needs at least 3 independent servers \
                      (2 cannot outvote one failure); give 1, or 3 or more",
@@ -704,10 +913,14 @@ impl LockClientBuilder {
         if let Some(timeout) = self.node_timeout {
             check_duration("node_timeout", timeout, Duration::from_millis(1))?;
         }
+        if let Some(store) = &self.memory {
+            let backend = Backend::Memory(store.clone());
+            return Ok(LockClient::assemble(self, backend));
+        }
         let nodes = self
             .urls
             .iter()
-            .map(|url| Node::new(url, self.connect_timeout))
+            .map(|url| self.node(url))
             .collect::<Result<Vec<_>, _>>()?;
         let backend = if nodes.len() == 1 {
             nodes.into_iter().next().map(Backend::Single)
@@ -718,32 +931,19 @@ impl LockClientBuilder {
             return Err(LockError::config("no Redis URL"));
         };
         let shown: Vec<String> = self.urls.iter().map(|u| redact(u)).collect();
-        let wakeups = backend.wakeups();
-        let client = LockClient {
-            inner: Arc::new(ClientInner {
-                backend,
-                lines: Lines::default(),
-                handoff: self.handoff,
-                wakeups,
-                prefix: self.prefix,
-                default_ttl: self.default_ttl,
-                default_wait: self.default_wait,
-                op_timeout: self.op_timeout,
-                backoff: self.backoff,
-                heartbeat: Heartbeat::default(),
-            }),
-        };
-        client
-            .inner
-            .backend
-            .ping(self.connect_timeout.max(self.op_timeout))
-            .await
-            .map_err(|e| {
-                e.with_message(format!(
-                    "cannot reach Redis at {}; check the URL and that the server runs",
-                    shown.join(", ")
-                ))
-            })?;
+        let ping_limit = self.connect_timeout.max(self.op_timeout);
+        let client = LockClient::assemble(self, backend);
+        client.inner.backend.ping(ping_limit).await.map_err(|e| {
+            // A refusal (credentials, ACL, TLS certificate) keeps its
+            // own explanation.
+            if e.kind() != ErrorKind::Unavailable {
+                return e;
+            }
+            e.with_message(format!(
+                "cannot reach Redis at {}; check the URL and that the server runs",
+                shown.join(", ")
+            ))
+        })?;
         Ok(client)
     }
 }

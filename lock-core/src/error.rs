@@ -317,14 +317,86 @@ impl StdError for QuorumFailure {}
 
 /// Classifies a Redis error: connection trouble is `Unavailable`, an error
 /// the server answered with is `Server`.
+///
+/// A refusal by an ACL (`NOPERM`, also from a command inside a script) says
+/// which permission is missing and how to grant it; a failed login says to
+/// check the credentials.
 pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
+    /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
+    const LOCK_CLIENT_ACL: &str = "+set +get +del +pexpire +incr +evalsha +script|load +publish \
+                                   +subscribe +unsubscribe +ping +type ~<prefix>* &<prefix>*";
+
+    /// The explanation of an ACL refusal: which permission, and how to
+    /// grant it. Understands the wordings of Redis 6.2 to 7.4 and Valkey,
+    /// at the top level (`NOPERM ...`) and inside a script (`ERR The user
+    /// executing the script can't run this command ...`, `ERR ACL failure
+    /// in script: ...`).
+    fn missing_permission(detail: &str) -> String {
+        let lower = detail.to_ascii_lowercase();
+        let in_script = lower.contains("script");
+        let what = if let Some(command) = lower
+            .split_once("permissions to run the '")
+            .and_then(|(_, rest)| rest.split_once('\''))
+            .map(|(command, _)| command)
+        {
+            format!("may not run `{command}` (grant it with ACL SETUSER <user> +{command})")
+        } else if lower.contains("can't run this command") {
+            "may not run one of the commands the lock's Lua script calls (ACL LOG names it; \
+             scripts need +set +get +del +pexpire +incr +publish)"
+                .to_owned()
+        } else if lower.contains("keys") || lower.contains("a key") {
+            "may not access the lock's key (grant the client's key prefix with \
+             ACL SETUSER <user> ~<prefix>*)"
+                .to_owned()
+        } else if lower.contains("channel") {
+            "may not use the lock's release channel (grant the client's key prefix as a \
+             channel pattern with ACL SETUSER <user> &<prefix>*)"
+                .to_owned()
+        } else {
+            "lacks a permission (ACL LOG names it)".to_owned()
+        };
+        let place = if in_script { " inside a script" } else { "" };
+        format!(
+            "permission denied by the server's ACL{place}: the Redis user {what}; \
+             a lock client needs {LOCK_CLIENT_ACL}"
+        )
+    }
+
     let kind = match err.kind() {
         redis::ErrorKind::Server(_) | redis::ErrorKind::Extension => ErrorKind::Server,
         redis::ErrorKind::AuthenticationFailed => ErrorKind::Server,
         redis::ErrorKind::InvalidClientConfig => ErrorKind::Config,
         _ => ErrorKind::Unavailable,
     };
-    LockError::new(kind).with_source(err)
+    let detail = err.detail().unwrap_or_default();
+    let message = if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        || detail.contains("no permissions to")
+        || detail.contains("can't run this command")
+        || detail.contains("ACL failure")
+    {
+        Some(missing_permission(detail))
+    } else if err.code() == Some("NOAUTH") {
+        Some(
+            "the server requires a login: put the user name and password in the URL \
+             (redis://user:password@host:port)"
+                .to_owned(),
+        )
+    } else if err.kind() == redis::ErrorKind::AuthenticationFailed
+        || err.code() == Some("WRONGPASS")
+    {
+        Some(
+            "the server refused the credentials: check the user name and password in the URL \
+             (redis://user:password@host:port) and that the ACL user is enabled (on)"
+                .to_owned(),
+        )
+    } else {
+        None
+    };
+    let error = LockError::new(kind).with_source(err);
+    match message {
+        Some(message) => error.with_message(message),
+        None => error,
+    }
 }
 
 #[cfg(test)]

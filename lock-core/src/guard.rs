@@ -4,6 +4,7 @@ use crate::client::{ClientInner, MIN_TTL, spawn_release};
 use crate::error::LockError;
 use crate::heartbeat::{Enrolment, Heartbeat};
 use crate::line::{HandedLease, LetGo, Owner, Turn, YIELD};
+use crate::observe;
 use crate::token::Token;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +20,41 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// How long a holder keeps a lock at least and at most (`min_hold`,
+/// `max_hold`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Holds {
+    pub(crate) min: Option<Duration>,
+    pub(crate) max: Option<Duration>,
+}
+
+impl Holds {
+    pub(crate) fn check(&self, ttl: Duration) -> Result<(), LockError> {
+        if let Some(max) = self.max
+            && max < ttl
+        {
+            return Err(LockError::config(format!(
+                "max_hold {max:?} is shorter than the ttl {ttl:?}"
+            )));
+        }
+        if let (Some(min), Some(max)) = (self.min, self.max)
+            && min > max
+        {
+            return Err(LockError::config(format!(
+                "min_hold {min:?} is longer than max_hold {max:?}"
+            )));
+        }
+        for (what, hold) in [("min_hold", self.min), ("max_hold", self.max)] {
+            if hold.is_some_and(|h| h > crate::client::MAX_DURATION) {
+                return Err(LockError::config(format!(
+                    "{what} is longer than 24h; check the unit"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a held lock knows about itself; shared by the guard and its
 /// heartbeat.
 pub(crate) struct Lease {
@@ -32,6 +68,12 @@ pub(crate) struct Lease {
     valid_until: Mutex<Instant>,
     lost: AtomicBool,
     lost_notify: Notify,
+    /// When this holder got the lock (for the hold time).
+    pub(crate) acquired: Instant,
+    /// `min_hold`: a release before this only shortens the lease to it.
+    min_until: Option<Instant>,
+    /// `max_hold`: the lease is never trusted past this.
+    max_until: Option<Instant>,
     /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
     /// never land after a newer one and shorten the lease behind our back.
     pub(crate) renewing: Arc<tokio::sync::Mutex<()>>,
@@ -45,7 +87,11 @@ impl Lease {
         fence: Option<u64>,
         ttl: Duration,
         valid_until: Instant,
+        holds: Holds,
     ) -> Lease {
+        let acquired = Instant::now();
+        let max_until = holds.max.map(|max| acquired + max);
+        let valid_until = max_until.map_or(valid_until, |max| valid_until.min(max));
         Lease {
             key,
             storage_key,
@@ -55,6 +101,9 @@ impl Lease {
             valid_until: Mutex::new(valid_until),
             lost: AtomicBool::new(false),
             lost_notify: Notify::new(),
+            acquired,
+            min_until: holds.min.map(|min| acquired + min),
+            max_until,
             renewing: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
@@ -74,7 +123,8 @@ impl Lease {
             Ordering::Release,
         );
         let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
-        *until = validity_end(sent, ttl);
+        let end = validity_end(sent, ttl);
+        *until = self.max_until.map_or(end, |max| end.min(max));
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -82,13 +132,38 @@ impl Lease {
             return true;
         }
         if Instant::now() >= self.valid_until() {
-            self.mark_lost();
+            self.mark_lost(self.deadline_reason());
             return true;
         }
         false
     }
 
-    pub(crate) fn mark_lost(&self) {
+    /// Why a lease whose validity deadline passed is lost.
+    pub(crate) fn deadline_reason(&self) -> &'static str {
+        if self.max_until.is_some_and(|max| Instant::now() >= max) {
+            "max_hold reached"
+        } else {
+            "the validity deadline passed without a successful renewal"
+        }
+    }
+
+    /// How long a release must keep the lease still (`min_hold`), if at all.
+    pub(crate) fn keep_for(&self) -> Option<Duration> {
+        let left = self.min_until?.saturating_duration_since(Instant::now());
+        (left >= crate::client::MIN_TTL.min(Duration::from_millis(1))).then_some(left)
+    }
+
+    /// The lock is lost while held, for `reason`: signalled once, and
+    /// logged.
+    pub(crate) fn mark_lost(&self, reason: &'static str) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            observe::lost(&self.key, reason);
+            self.lost_notify.notify_waiters();
+        }
+    }
+
+    /// The guard let go: nothing is held any more, nothing went wrong.
+    pub(crate) fn retire(&self) {
         if !self.lost.swap(true, Ordering::AcqRel) {
             self.lost_notify.notify_waiters();
         }
@@ -246,7 +321,7 @@ impl LockGuard {
                 Ok(())
             }
             Ok(false) => {
-                lease.mark_lost();
+                lease.mark_lost("an extension found the lock taken over or expired");
                 Err(LockError::lost(self.key()))
             }
             Err(e) => Err(e.with_key(self.key())),
@@ -262,9 +337,33 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         self.stop_heartbeat();
+        if let Some(keep_for) = self.lease.keep_for() {
+            // min_hold: shorten the lease to what is left of it, keep the key.
+            let lease = &self.lease;
+            let result = if lease.is_lost() {
+                Ok(false)
+            } else {
+                self.client
+                    .backend
+                    .renew(
+                        &lease.storage_key,
+                        &lease.token,
+                        keep_for,
+                        self.client.op_timeout,
+                    )
+                    .await
+            };
+            lease.retire();
+            if let Ok(owned) = result {
+                observe::released(self.key(), lease.acquired.elapsed(), owned);
+            }
+            self.pass_line(false);
+            return result.map_err(|e| e.with_key(self.key()));
+        }
         let spent = match self.let_go() {
             LetGo::HandedOff => {
                 self.holds_line = false;
+                observe::released(self.key(), self.lease.acquired.elapsed(), true);
                 return Ok(true);
             }
             LetGo::Release { spent } => spent,
@@ -275,7 +374,10 @@ impl LockGuard {
             .backend
             .release(&lease.storage_key, &lease.token, self.client.op_timeout)
             .await;
-        lease.mark_lost();
+        lease.retire();
+        if let Ok(owned) = result {
+            observe::released(self.key(), lease.acquired.elapsed(), owned);
+        }
         // After the release: the next task of this process finds the key
         // free in Redis (unless another process was quicker).
         self.pass_line(spent);
@@ -286,7 +388,9 @@ impl LockGuard {
     /// the budget allows.
     fn let_go(&self) -> LetGo {
         let lease = &self.lease;
-        let handed = (!lease.is_lost()).then(|| HandedLease {
+        // A lease kept for its min_hold is not handed on: the point is that
+        // nobody runs the same work again before it is over.
+        let handed = (!lease.is_lost() && lease.keep_for().is_none()).then(|| HandedLease {
             token: lease.token.clone(),
             valid_until: lease.valid_until(),
         });
@@ -316,6 +420,7 @@ impl Drop for LockGuard {
         self.stop_heartbeat();
         let mut spent = false;
         if !std::mem::replace(&mut self.released, true) {
+            let owned = !self.lease.is_lost();
             match self.let_go() {
                 LetGo::HandedOff => self.holds_line = false,
                 LetGo::Release {
@@ -326,9 +431,12 @@ impl Drop for LockGuard {
                         self.client.clone(),
                         self.lease.storage_key.clone(),
                         self.lease.token.clone(),
+                        self.lease.keep_for(),
                     );
                 }
             }
+            observe::released(self.key(), self.lease.acquired.elapsed(), owned);
+            self.lease.retire();
         }
         // Also when `release` was cancelled mid-way.
         self.pass_line(spent);

@@ -200,7 +200,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
         let ttl = entry.lease.ttl();
         if now >= entry.lease.valid_until() {
             // Past its deadline: lost, whatever a late renewal would say.
-            entry.lease.mark_lost();
+            entry.lease.mark_lost(entry.lease.deadline_reason());
             expired.push(id);
             continue;
         }
@@ -257,11 +257,11 @@ async fn renew_round(inner: &ClientInner, round: Vec<Due>) {
                 Some(sent + due.ttl / 3)
             }
             Renewal::NotOurs => {
-                lease.mark_lost();
+                lease.mark_lost("a renewal found the lock taken over or expired");
                 None
             }
             Renewal::Failed if now >= lease.valid_until() => {
-                lease.mark_lost();
+                lease.mark_lost(lease.deadline_reason());
                 None
             }
             Renewal::Failed => Some(now + retry_gap(due.ttl)),

@@ -18,26 +18,57 @@
 //! every holder, which the protected resource checks and uses to refuse
 //! stale writers.
 //!
-//! ```no_run
-//! use lock_core::{LockClient, LockOptions};
+//! Waiting is bounded: [`LockClient::lock`] waits up to the client's default
+//! wait and returns an [`ErrorKind::Contended`] error when it runs out. A
+//! waiter does not poll: it hears the holder's release through Redis
+//! pub/sub, and tasks of one process waiting for the same key queue in order
+//! and can be handed the lease directly. With three or more independent
+//! servers ([`LockClientBuilder::urls`]) locks are held on a majority of them
+//! (Redlock). Every failure is a [`LockError`] whose [`ErrorKind`] tells
+//! contention, loss, unreachable servers and bad input apart.
+//!
+//! The guard API, here on the in-memory backend (the same calls work on
+//! Redis: build the client with `.url("redis://host:6379")` instead):
+//!
+//! ```
+//! use lock_core::{LockClient, LockOptions, MemoryStore};
 //! use std::time::Duration;
 //!
-//! # async fn demo() -> Result<(), lock_core::LockError> {
-//! let client = LockClient::builder()
-//!     .url("redis://127.0.0.1:6379")
-//!     .key_prefix("myapp:lock:")
-//!     .build()
-//!     .await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_core::LockError> {
+//! let store = MemoryStore::new();
+//! let client = LockClient::in_memory_on(&store);
 //!
 //! let guard = client
 //!     .lock_with("order:42", LockOptions::new(Duration::from_secs(30)).fencing(true))
 //!     .await?;
-//! println!("holding {} with fencing token {:?}", guard.key(), guard.fencing_token());
-//! let still_ours = guard.release().await?;
-//! assert!(still_ours);
+//! assert_eq!(guard.fencing_token(), Some(1));
+//! // Another replica of the service cannot take it meanwhile.
+//! let replica = LockClient::in_memory_on(&store);
+//! assert!(replica.try_lock("order:42", Duration::from_secs(30)).await?.is_none());
+//! assert!(guard.release().await?, "it was still ours");
 //! # Ok(()) }
 //! ```
-#![warn(missing_docs)]
+//!
+//! The attribute, with the process-wide client:
+//!
+//! ```
+//! use lock_core::{LockClient, LockError, distributed_lock};
+//!
+//! #[distributed_lock(key = "invoice:{customer_id}", ttl = "30s", wait = "5s")]
+//! async fn bill(customer_id: u64) -> Result<u64, LockError> {
+//!     let lock = lock_core::current_lock().expect("inside an annotated body");
+//!     assert_eq!(lock.key(), format!("invoice:{customer_id}"));
+//!     Ok(customer_id)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // At startup; in production `LockClient::builder().url(..).build().await?`.
+//! lock_core::set_global_client(LockClient::in_memory())?;
+//! assert_eq!(bill(7).await?, 7);
+//! # Ok(()) }
+//! ```
 
 mod backend;
 mod backoff;
@@ -48,6 +79,7 @@ mod global;
 mod guard;
 mod heartbeat;
 mod line;
+mod observe;
 mod scripts;
 mod token;
 
@@ -58,15 +90,15 @@ pub mod __private {
 }
 mod private;
 
+pub use backend::MemoryStore;
 pub use backoff::Backoff;
 pub use client::{LockClient, LockClientBuilder, LockOptions, MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use current::{LockInfo, current_lock};
-pub use error::{ErrorKind, LockError, TimedOut};
+pub use error::{ErrorKind, LockError, NodeError, QuorumFailure, TimedOut};
 pub use global::{SetGlobalClientError, global_client, set_global_client};
 pub use guard::LockGuard;
 pub use line::HandoffBudget;
 
-/// Runs an async function only while this process holds a distributed lock;
-/// see the `lock-macros` crate for the arguments.
+/// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]
 pub use lock_macros::distributed_lock;

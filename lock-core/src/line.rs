@@ -326,6 +326,7 @@ mod tests {
             None,
             Duration::from_secs(10),
             Instant::now() + Duration::from_secs(10),
+            crate::guard::Holds::default(),
         ))
     }
 
@@ -411,7 +412,7 @@ mod tests {
         let stale = first(&lines);
         let lost = lease();
         lines.holds("k", stale, &lost, true);
-        lost.mark_lost();
+        lost.mark_lost("test");
         let fresh = first(&lines);
         assert_ne!(fresh, stale);
         let _waiter = behind(&lines);

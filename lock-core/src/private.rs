@@ -34,6 +34,10 @@ pub struct Attr {
     pub on_lost: OnLost,
     /// `fencing = ..`.
     pub fencing: bool,
+    /// `min_hold = ".."`.
+    pub min_hold: Option<Duration>,
+    /// `max_hold = ".."`.
+    pub max_hold: Option<Duration>,
 }
 
 impl Attr {
@@ -44,6 +48,8 @@ impl Attr {
         renew: true,
         on_lost: OnLost::Abort,
         fencing: false,
+        min_hold: None,
+        max_hold: None,
     };
 
     fn options(&self, client: &LockClient) -> LockOptions {
@@ -52,6 +58,12 @@ impl Attr {
             .fencing(self.fencing);
         if let Some(wait) = self.wait {
             options = options.wait(wait);
+        }
+        if let Some(min_hold) = self.min_hold {
+            options = options.min_hold(min_hold);
+        }
+        if let Some(max_hold) = self.max_hold {
+            options = options.max_hold(max_hold);
         }
         options
     }

@@ -13,8 +13,8 @@ use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitBool, LitStr, Signature, Token, Visibility};
 
 /// Every argument, in the order the docs list them.
-pub(crate) const ARGUMENTS: [&str; 8] = [
-    "key", "ttl", "wait", "renew", "on_lost", "fencing", "client", "crate",
+pub(crate) const ARGUMENTS: [&str; 10] = [
+    "key", "ttl", "wait", "renew", "on_lost", "fencing", "min_hold", "max_hold", "client", "crate",
 ];
 
 /// Words people reach for, and the argument that does it.
@@ -43,6 +43,8 @@ pub(crate) struct Args {
     pub(crate) renew: Option<LitBool>,
     pub(crate) on_lost: Option<LitStr>,
     pub(crate) fencing: Option<LitBool>,
+    pub(crate) min_hold: Option<LitStr>,
+    pub(crate) max_hold: Option<LitStr>,
     pub(crate) client: Option<Expr>,
     pub(crate) krate: Option<LitStr>,
 }
@@ -102,6 +104,8 @@ impl Args {
             "renew" => self.renew.is_some(),
             "on_lost" => self.on_lost.is_some(),
             "fencing" => self.fencing.is_some(),
+            "min_hold" => self.min_hold.is_some(),
+            "max_hold" => self.max_hold.is_some(),
             "client" => self.client.is_some(),
             "crate" => self.krate.is_some(),
             _ => return Err(unknown_argument(name, &text)),
@@ -118,6 +122,8 @@ impl Args {
             "wait" => self.wait = Some(duration("wait", value)?),
             "renew" => self.renew = Some(boolean("renew", value)?),
             "fencing" => self.fencing = Some(boolean("fencing", value)?),
+            "min_hold" => self.min_hold = Some(duration("min_hold", value)?),
+            "max_hold" => self.max_hold = Some(duration("max_hold", value)?),
             "on_lost" => self.on_lost = Some(on_lost(value)?),
             "client" => self.client = Some(client(value)?),
             _ => self.krate = Some(krate(value)?),
@@ -150,6 +156,8 @@ fn missing_value(name: &Ident) -> syn::Error {
         "renew" => "renew = true",
         "on_lost" => "on_lost = \"abort\"",
         "fencing" => "fencing = true",
+        "min_hold" => "min_hold = \"5s\"",
+        "max_hold" => "max_hold = \"10m\"",
         "client" => "client = self.locks",
         "crate" => "crate = \"::lock_core\"",
         _ => return unknown_argument(name, &text),

@@ -209,6 +209,14 @@ fn attr(lock: &Lock<'_>) -> TokenStream {
     if let Some(fencing) = lock.fencing {
         fields.push(quote! { fencing: #fencing });
     }
+    if let Some(min_hold) = lock.min_hold {
+        let value = millis(min_hold);
+        fields.push(quote! { min_hold: #value });
+    }
+    if let Some(max_hold) = lock.max_hold {
+        let value = millis(max_hold);
+        fields.push(quote! { max_hold: #value });
+    }
     if fields.is_empty() {
         return quote! { #krate::__private::Attr::DEFAULT };
     }

@@ -67,6 +67,8 @@ use proc_macro::TokenStream;
 /// | [`renew`](#renew) | `true` / `false` | `true` |
 /// | [`on_lost`](#on_lost) | `"abort"` / `"continue"` | `"abort"` |
 /// | [`fencing`](#fencing) | `true` / `false` | `false` |
+/// | [`min_hold`](#min_hold) | duration string | none |
+/// | [`max_hold`](#max_hold) | duration string, at least the ttl | none |
 /// | [`client`](#client) | expression | the global client |
 /// | [`crate`](#crate) | string path | `"::lock_core"` |
 ///
@@ -161,6 +163,31 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// # `min_hold`
+///
+/// Keep the lock at least this long after it was taken, even when the body
+/// finishes sooner: the release then shortens the lease to what is left
+/// instead of deleting it. For scheduled work that every replica starts on
+/// the same tick: a fast run must not let another replica run the tick
+/// again. At most `max_hold`.
+///
+/// ```ignore
+/// #[distributed_lock(key = "nightly-report:{day}", wait = "0s", min_hold = "5m")]
+/// async fn nightly_report(day: Date) -> Result<(), JobError> { ... }
+/// ```
+///
+/// # `max_hold`
+///
+/// Hold the lock at most this long: renewal stops then and the lock is
+/// treated as lost (with `on_lost = "abort"`, the body is dropped and the
+/// call returns a `Lost` error), so a runaway body cannot hold a lock
+/// forever. At least the ttl.
+///
+/// ```ignore
+/// #[distributed_lock(key = "import:{batch}", ttl = "30s", max_hold = "10m")]
+/// async fn import(batch: BatchId) -> Result<(), ImportError> { ... }
+/// ```
+///
 /// # `client`
 ///
 /// The client to lock with: an expression giving a `LockClient`, a
@@ -170,12 +197,17 @@ use proc_macro::TokenStream;
 /// returns a `NotInitialized` error if there is none.
 ///
 /// ```ignore
-/// static LOCKS: OnceLock<LockClient> = OnceLock::new();
+/// struct Worker {
+///     locks: LockClient,
+/// }
 ///
 /// impl Worker {
 ///     #[distributed_lock(key = "shard:{shard}", client = self.locks)]
 ///     async fn run(self: Arc<Self>, shard: u32) -> Result<(), WorkerError> { .. }
 /// }
+///
+/// #[distributed_lock(key = "tenant:{tenant}", client = locks)]
+/// async fn reindex(locks: &LockClient, tenant: u64) -> Result<(), lock_core::LockError> { .. }
 /// ```
 ///
 /// # `crate`
@@ -205,7 +237,8 @@ use proc_macro::TokenStream;
 /// unknown or repeated argument, a missing `key`, a key placeholder that
 /// names no parameter (the message lists those that exist), an unbalanced
 /// brace, an empty key or placeholder, a malformed or zero duration, a ttl
-/// under 10ms or a ttl or wait over 24h, an `on_lost` that is neither
+/// under 10ms or a ttl, wait or hold over 24h, a `max_hold` shorter than
+/// the ttl or than `min_hold`, an `on_lost` that is neither
 /// `"abort"` nor `"continue"`, a function that is not `async` or is
 /// `const`, and a return type that is not `Result<T, E>` with
 /// `E: From<lock_core::LockError>`.

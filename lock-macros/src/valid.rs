@@ -32,6 +32,8 @@ pub(crate) struct Lock<'a> {
     pub(crate) renew: Option<bool>,
     pub(crate) on_lost: Option<OnLost>,
     pub(crate) fencing: Option<bool>,
+    pub(crate) min_hold: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
     pub(crate) client: Option<&'a Expr>,
     /// The declared return type.
     pub(crate) ret: &'a Type,
@@ -182,6 +184,53 @@ fn check_args<'a>(
         }
         Some(wait)
     });
+    let hold = |name: &str, lit: &LitStr, errors: &mut Errors| {
+        let hold = check_duration(name, lit, errors)?;
+        let problem = if hold.is_zero() {
+            "is zero: leave the argument out instead"
+        } else if hold > MAX_DURATION {
+            "is longer than 24h: check the unit"
+        } else {
+            return Some(hold);
+        };
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!("`{name} = {}` {problem}", lit.to_token_stream()),
+        ));
+        None
+    };
+    let min_hold = args
+        .min_hold
+        .as_ref()
+        .and_then(|lit| hold("min_hold", lit, errors));
+    let max_hold = args
+        .max_hold
+        .as_ref()
+        .and_then(|lit| hold("max_hold", lit, errors));
+    if let (Some(max), Some(lit)) = (max_hold, args.max_hold.as_ref()) {
+        if let Some(ttl) = ttl
+            && max < ttl
+        {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`max_hold = {}` is shorter than the ttl ({ttl:?}): the lock would end before its first lease; make max_hold at least the ttl",
+                    lit.to_token_stream()
+                ),
+            ));
+        }
+        if let Some(min) = min_hold
+            && min > max
+        {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`max_hold = {}` is shorter than `min_hold` ({min:?}): the lock cannot be kept at least {min:?} and at most {max:?}",
+                    lit.to_token_stream()
+                ),
+            ));
+        }
+    }
     let on_lost = args.on_lost.as_ref().and_then(|lit| match lit.value().as_str() {
         "abort" => Some(OnLost::Abort),
         "continue" => Some(OnLost::Continue),
@@ -227,6 +276,8 @@ fn check_args<'a>(
         renew: args.renew.as_ref().map(|b| b.value),
         on_lost,
         fencing: args.fencing.as_ref().map(|b| b.value),
+        min_hold,
+        max_hold,
         client: args.client.as_ref(),
         ret,
         ret_nameable: !has_impl_trait(ret),

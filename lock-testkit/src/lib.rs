@@ -22,6 +22,14 @@
 //! directory, so no process outlives the test. [`start_servers`] starts
 //! several at once, for Redlock tests. Failures carry the server log.
 //!
+//! # TLS
+//!
+//! [`TestCertificates::generate`] makes a private CA, a server certificate
+//! for `127.0.0.1`/`localhost`, a client certificate and an unrelated CA
+//! with the `openssl` command; [`ServerBuilder::tls`] starts a server that
+//! also serves TLS on [`RedisServer::tls_port`] (`rediss://` at
+//! [`RedisServer::tls_url`]), optionally requiring client certificates.
+//!
 //! # Network faults
 //!
 //! A [`Proxy`] sits between a client and a server and can pass traffic,
@@ -53,7 +61,8 @@
 //! # Requirements
 //!
 //! A `redis-server` binary (set `REDIS_SERVER_BIN` or put it on `PATH`) and
-//! the `kill` command, on a Unix system.
+//! the `kill` command, on a Unix system. For TLS, a `redis-server` built with
+//! TLS (Debian's is) and the `openssl` command (or `OPENSSL_BIN`).
 
 mod binary;
 mod error;
@@ -61,8 +70,10 @@ mod probe;
 mod proxy;
 mod server;
 mod signal;
+mod tls;
 
 pub use binary::{REDIS_SERVER_BIN_ENV, redis_server_binary};
 pub use error::TestkitError;
 pub use proxy::{Proxy, ProxyMode};
 pub use server::{PauseGuard, RedisServer, ServerBuilder, start_servers, try_start_servers};
+pub use tls::{OPENSSL_BIN_ENV, TestCertificates};

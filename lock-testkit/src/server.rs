@@ -14,7 +14,7 @@ use tempfile::TempDir;
 
 use crate::probe::{Probe, probe};
 use crate::signal::{self, Signal};
-use crate::{TestkitError, redis_server_binary};
+use crate::{TestCertificates, TestkitError, redis_server_binary};
 
 /// Fresh ports tried by a start before giving up.
 const START_ATTEMPTS: usize = 5;
@@ -39,6 +39,11 @@ const STDERR_FILE: &str = "redis.stderr";
 const DUMP_FILE: &str = "dump.rdb";
 /// The AOF directory, present only if a test enabled `--appendonly`.
 const AOF_DIR: &str = "appendonlydir";
+/// The TLS server certificate, key and trusted client CA, in the server's
+/// directory (copied there so they outlive the [`TestCertificates`]).
+const TLS_CERT_FILE: &str = "tls-server.crt";
+const TLS_KEY_FILE: &str = "tls-server.key";
+const TLS_CA_FILE: &str = "tls-ca.crt";
 
 /// Options for a [`RedisServer`], made with [`RedisServer::builder`].
 #[derive(Clone, Debug, Default)]
@@ -46,6 +51,16 @@ const AOF_DIR: &str = "appendonlydir";
 pub struct ServerBuilder {
     password: Option<String>,
     args: Vec<String>,
+    tls: Option<TlsOptions>,
+}
+
+/// What a TLS server is given.
+#[derive(Clone, Debug)]
+struct TlsOptions {
+    cert: String,
+    key: String,
+    ca: String,
+    require_client_certificates: bool,
 }
 
 impl ServerBuilder {
@@ -60,6 +75,35 @@ impl ServerBuilder {
     /// own, so it can override them: `.arg("--maxmemory").arg("1mb")`.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    /// Serves TLS too, with the server certificate of `certificates`, on a
+    /// port of its own: [`RedisServer::tls_port`], [`RedisServer::tls_url`].
+    ///
+    /// The plain port stays open, for the kit's readiness probe and for
+    /// [`cmd`](RedisServer::cmd) and [`connection`](RedisServer::connection);
+    /// the code under test is given the `rediss://` URL. Clients are not
+    /// asked for a certificate unless
+    /// [`require_client_certificates`](Self::require_client_certificates)
+    /// is called.
+    pub fn tls(mut self, certificates: &TestCertificates) -> Self {
+        self.tls = Some(TlsOptions {
+            cert: certificates.server_cert_pem().to_owned(),
+            key: certificates.server_key_pem().to_owned(),
+            ca: certificates.ca_pem().to_owned(),
+            require_client_certificates: false,
+        });
+        self
+    }
+
+    /// Mutual TLS: the TLS port accepts only clients that show a certificate
+    /// issued by the CA of [`tls`](Self::tls) (`--tls-auth-clients yes`).
+    /// Does nothing without `tls`.
+    pub fn require_client_certificates(mut self) -> Self {
+        if let Some(tls) = &mut self.tls {
+            tls.require_client_certificates = true;
+        }
         self
     }
 
@@ -97,17 +141,36 @@ impl ServerBuilder {
             .prefix("lock-testkit-redis-")
             .tempdir()
             .map_err(|e| TestkitError::with_source("could not create a temporary directory", e))?;
+        if let Some(tls) = &self.tls {
+            for (name, pem) in [
+                (TLS_CERT_FILE, &tls.cert),
+                (TLS_KEY_FILE, &tls.key),
+                (TLS_CA_FILE, &tls.ca),
+            ] {
+                fs::write(dir.path().join(name), pem)
+                    .map_err(|e| TestkitError::with_source(format!("could not write {name}"), e))?;
+            }
+        }
         let mut server = RedisServer {
             binary,
             options: self,
             dir,
             port: 0,
+            tls_port: None,
             child: Mutex::new(None),
             paused: AtomicBool::new(false),
         };
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             server.port = free_port()?;
+            if server.options.tls.is_some() {
+                server.tls_port = Some(loop {
+                    let port = free_port()?;
+                    if port != server.port {
+                        break port;
+                    }
+                });
+            }
             match server.launch() {
                 Ok(child) => {
                     *server
@@ -140,6 +203,7 @@ pub struct RedisServer {
     options: ServerBuilder,
     dir: TempDir,
     port: u16,
+    tls_port: Option<u16>,
     child: Mutex<Option<Child>>,
     paused: AtomicBool,
 }
@@ -197,6 +261,28 @@ impl RedisServer {
                 self.port
             ),
             None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The TLS port, for a server started with [`ServerBuilder::tls`]; it
+    /// keeps it across restarts.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// A URL for the TLS port: `rediss://127.0.0.1:<tls port>`, with the
+    /// password when one is set.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the server was started without [`ServerBuilder::tls`].
+    pub fn tls_url(&self) -> String {
+        let Some(port) = self.tls_port else {
+            panic!("lock-testkit: tls_url: this server was started without ServerBuilder::tls");
+        };
+        match &self.options.password {
+            Some(password) => format!("rediss://:{}@127.0.0.1:{port}", percent_encode(password)),
+            None => format!("rediss://127.0.0.1:{port}"),
         }
     }
 
@@ -449,6 +535,23 @@ impl RedisServer {
             .args(["--dbfilename", DUMP_FILE]);
         if let Some(password) = &self.options.password {
             command.arg("--requirepass").arg(password);
+        }
+        if let (Some(tls), Some(tls_port)) = (&self.options.tls, self.tls_port) {
+            command
+                .arg("--tls-port")
+                .arg(tls_port.to_string())
+                .arg("--tls-cert-file")
+                .arg(dir.join(TLS_CERT_FILE))
+                .arg("--tls-key-file")
+                .arg(dir.join(TLS_KEY_FILE))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join(TLS_CA_FILE))
+                .arg("--tls-auth-clients")
+                .arg(if tls.require_client_certificates {
+                    "yes"
+                } else {
+                    "no"
+                });
         }
         command
             .args(&self.options.args)

@@ -1,16 +1,19 @@
 //! Where locks live: one Redis server, or a Redlock quorum of several.
 
 mod commands;
+mod memory;
 mod node;
 mod quorum;
 mod wakeup;
 
+pub use memory::MemoryStore;
 pub(crate) use node::{Node, redact};
 pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
 use crate::heartbeat::{Due, Renewal};
+use crate::observe;
 use crate::token::Token;
 use std::time::Duration;
 
@@ -35,6 +38,7 @@ pub(crate) struct LockKeys<'a> {
 pub(crate) enum Backend {
     Single(Node),
     Redlock(Quorum),
+    Memory(MemoryStore),
 }
 
 impl Backend {
@@ -49,6 +53,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.acquire(&keys, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.acquire(&keys, token, ttl, limit).await,
+            Backend::Memory(store) => Ok(store.acquire(&keys, token, ttl)),
         }
     }
 
@@ -69,6 +74,7 @@ impl Backend {
                 .renew(keys.lock, token, ttl, limit)
                 .await?
                 .then_some(Attempt::Granted { fence: None })),
+            Backend::Memory(store) => Ok(store.take_over(&keys, token, ttl)),
         }
     }
 
@@ -84,6 +90,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.renew(key, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.renew(key, token, ttl, limit).await,
+            Backend::Memory(store) => Ok(store.renew(key, token, ttl)),
         }
     }
 
@@ -101,9 +108,15 @@ impl Backend {
                         }
                     })
                     .collect(),
-                Err(_) => due.iter().map(|_| Renewal::Failed).collect(),
+                Err(e) => {
+                    if let Some(first) = due.first() {
+                        observe::renewal_failed(&first.lease.key, due.len(), &e);
+                    }
+                    due.iter().map(|_| Renewal::Failed).collect()
+                }
             },
             Backend::Redlock(quorum) => quorum.renew_many(due, limit).await,
+            Backend::Memory(store) => store.renew_many(due),
         }
     }
 
@@ -117,6 +130,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.release(key, token, limit).await,
             Backend::Redlock(quorum) => quorum.release(key, token, limit).await,
+            Backend::Memory(store) => Ok(store.release(key, token)),
         }
     }
 
@@ -126,6 +140,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.ping(limit).await,
             Backend::Redlock(quorum) => quorum.ping(limit).await,
+            Backend::Memory(_) => Ok(()),
         }
     }
 
@@ -134,6 +149,7 @@ impl Backend {
         match self {
             Backend::Single(node) => std::slice::from_ref(node),
             Backend::Redlock(quorum) => quorum.nodes(),
+            Backend::Memory(_) => &[],
         }
     }
 
@@ -153,7 +169,10 @@ impl Backend {
 
     /// The wake-up channels for this backend's servers.
     pub(crate) fn wakeups(&self) -> Wakeups {
-        Wakeups::new(self.nodes().iter().map(Node::redis_client).collect())
+        match self {
+            Backend::Memory(store) => Wakeups::local(store.channels()),
+            _ => Wakeups::new(self.nodes().iter().map(Node::redis_client).collect()),
+        }
     }
 
     /// Where the locks live, for messages.
@@ -164,6 +183,7 @@ impl Backend {
                 let addrs: Vec<&str> = quorum.nodes().iter().map(Node::addr).collect();
                 format!("redlock[{}]", addrs.join(", "))
             }
+            Backend::Memory(_) => "in-memory".to_owned(),
         }
     }
 }

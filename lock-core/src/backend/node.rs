@@ -48,20 +48,65 @@ impl Drop for RuntimeWatch {
 }
 
 impl Node {
+    /// A server reached through `url`: `redis://`, or `rediss://` (TLS,
+    /// with the `tls` feature) trusting the system's certificate store.
     pub(crate) fn new(url: &str, connect_timeout: Duration) -> Result<Node, LockError> {
+        if is_tls_url(url) {
+            #[cfg(not(feature = "tls"))]
+            return Err(LockError::config(format!(
+                "{:?} asks for TLS, which this build of lock-core leaves out: \
+                 enable the `tls` feature of lock-core \
+                 (lock-core = {{ version = \"0.1\", features = [\"tls\"] }})",
+                redact(url)
+            )));
+            #[cfg(feature = "tls")]
+            tls::install_crypto_provider();
+        }
         let client = redis::Client::open(url).map_err(|e| {
             LockError::config(format!("cannot use Redis URL {:?}", redact(url))).with_source(e)
         })?;
+        Ok(Node::with_client(client, connect_timeout))
+    }
+
+    /// A `rediss://` server whose certificate is checked against
+    /// `certificates` (and which is shown a client certificate when they
+    /// hold one).
+    #[cfg(feature = "tls")]
+    pub(crate) fn with_tls(
+        url: &str,
+        connect_timeout: Duration,
+        certificates: &redis::TlsCertificates,
+    ) -> Result<Node, LockError> {
+        if !is_tls_url(url) {
+            return Err(LockError::config(format!(
+                "TLS certificates were configured, but {:?} is not a TLS URL: \
+                 write it as rediss://host:port",
+                redact(url)
+            )));
+        }
+        tls::check_certificates(certificates)?;
+        tls::install_crypto_provider();
+        let client = redis::Client::build_with_tls(url, certificates.clone()).map_err(|e| {
+            LockError::config(format!(
+                "cannot use Redis URL {:?} with the TLS certificates given to the builder",
+                redact(url)
+            ))
+            .with_source(e)
+        })?;
+        Ok(Node::with_client(client, connect_timeout))
+    }
+
+    fn with_client(client: redis::Client, connect_timeout: Duration) -> Node {
         let info = client.get_connection_info();
         let addr = info.addr().to_string();
-        Ok(Node {
+        Node {
             client,
             addr,
             connect_timeout,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
-        })
+        }
     }
 
     /// A client for further connections to the same server.
@@ -106,9 +151,7 @@ impl Node {
         .await
         {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => {
-                return Err(from_redis(e).with_message(format!("cannot connect to {}", self.addr)));
-            }
+            Ok(Err(e)) => return Err(connect_error(&self.addr, e)),
             Err(_) => {
                 return Err(LockError::new(ErrorKind::Unavailable)
                     .with_message(format!("cannot connect to {}", self.addr))
@@ -192,6 +235,116 @@ impl Node {
     }
 }
 
+/// The error for a connection that could not be opened. A refusal the
+/// server answered (a wrong password, a missing permission) and a TLS
+/// handshake that failed keep their own explanation; anything else says the
+/// server could not be reached.
+fn connect_error(addr: &str, err: redis::RedisError) -> LockError {
+    #[cfg(feature = "tls")]
+    if let Some(hint) = tls::handshake_hint(&err) {
+        return LockError::config(format!("TLS handshake with {addr} failed; {hint}"))
+            .with_source(err);
+    }
+    let err = from_redis(err);
+    if err.kind() == ErrorKind::Unavailable {
+        err.with_message(format!("cannot connect to {addr}"))
+    } else {
+        err
+    }
+}
+
+/// Whether `url` asks for TLS (`rediss://` or `valkeys://`).
+fn is_tls_url(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+    })
+}
+
+/// TLS through rustls: the crypto provider, checks of the certificates
+/// given, and explanations for failed handshakes.
+#[cfg(feature = "tls")]
+mod tls {
+    use crate::error::LockError;
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    /// Makes rustls' `ring` provider the process default, unless the
+    /// application installed one (of its choice) before.
+    ///
+    /// The `redis` crate builds its rustls configuration from the process
+    /// default, and rustls finds none by itself when no provider or more
+    /// than one was compiled in.
+    pub(super) fn install_crypto_provider() {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Losing a race to another thread is fine: a provider is set.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+    }
+
+    /// Rejects certificate bytes that hold no PEM certificate (a file
+    /// mixed up with another, DER instead of PEM): with an empty trust store
+    /// every handshake would fail, far from the mistake.
+    pub(super) fn check_certificates(
+        certificates: &redis::TlsCertificates,
+    ) -> Result<(), LockError> {
+        let count = |pem: &[u8]| {
+            CertificateDer::pem_slice_iter(pem)
+                .filter(Result::is_ok)
+                .count()
+        };
+        if let Some(root) = &certificates.root_cert
+            && count(root) == 0
+        {
+            return Err(LockError::config(
+                "tls_root_certificate was given no PEM certificate \
+                 (expected -----BEGIN CERTIFICATE----- blocks)",
+            ));
+        }
+        if let Some(client) = &certificates.client_tls
+            && count(&client.client_cert) == 0
+        {
+            return Err(LockError::config(
+                "tls_client_certificate was given no PEM certificate \
+                 (expected -----BEGIN CERTIFICATE----- blocks)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// What to check when a TLS handshake failed, or `None` when `err` is
+    /// not a handshake failure.
+    ///
+    /// The `redis` crate passes rustls errors on inside an I/O error that
+    /// hides their type, so they are told apart by rustls' wording.
+    pub(super) fn handshake_hint(err: &redis::RedisError) -> Option<&'static str> {
+        if !err.is_io_error() {
+            return None;
+        }
+        let text = err.to_string();
+        if text.contains("invalid peer certificate") {
+            Some(
+                "the server's certificate is not trusted: check that the CA certificate given \
+                 to tls_root_certificate (or, without one, the system's trust store) issued \
+                 it, that it names the host of the URL, and that it has not expired",
+            )
+        } else if text.contains("received fatal alert") {
+            Some(
+                "the server refused the handshake: if it requires client certificates \
+                 (tls-auth-clients yes), give one with tls_client_certificate; check that \
+                 it accepts TLS 1.2 or 1.3",
+            )
+        } else if text.contains("received corrupt message")
+            || text.contains("peer is incompatible")
+            || text.contains("peer misbehaved")
+            || text.contains("peer sent no certificates")
+        {
+            Some("check that the port serves TLS (rediss://) and not plain TCP (redis://)")
+        } else {
+            None
+        }
+    }
+}
+
 /// A URL with its password replaced, for messages.
 pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -211,5 +364,34 @@ mod tests {
         assert_eq!(redact("redis://:pw@host:1/0"), "redis://***@host:1/0");
         assert_eq!(redact("redis://u:pw@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn tls_urls_are_recognised() {
+        assert!(is_tls_url("rediss://host:6380"));
+        assert!(is_tls_url("REDISS://host"));
+        assert!(is_tls_url("valkeys://u:p@host"));
+        assert!(!is_tls_url("redis://host:6379"));
+        assert!(!is_tls_url("unix:///tmp/redis.sock"));
+        assert!(!is_tls_url("rediss"));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn rediss_without_the_tls_feature_says_to_enable_it() {
+        let Err(err) = Node::new("rediss://:pw@127.0.0.1:1", Duration::from_secs(1)) else {
+            panic!("a rediss URL must be refused without the tls feature");
+        };
+        assert_eq!(err.kind(), ErrorKind::Config);
+        let text = err.to_string();
+        assert!(text.contains("enable the `tls` feature"), "{text}");
+        assert!(!text.contains("pw"), "{text}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn rediss_with_the_tls_feature_is_accepted() {
+        let node = Node::new("rediss://127.0.0.1:1", Duration::from_secs(1));
+        assert!(node.is_ok());
     }
 }

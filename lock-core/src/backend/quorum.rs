@@ -48,6 +48,7 @@ use super::{Attempt, LockKeys, Node};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::guard::drift;
 use crate::heartbeat::{Due, Renewal};
+use crate::observe;
 use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
@@ -208,6 +209,12 @@ impl Quorum {
         let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
         let needed = self.majority();
         let most_not_ours = self.nodes.len() - needed;
+        let failed = answers.iter().filter(|a| a.is_err()).count();
+        if failed > most_not_ours
+            && let (Some(first), Some(Err(e))) = (due.first(), answers.iter().find(|a| a.is_err()))
+        {
+            observe::renewal_failed(&first.lease.key, due.len(), e);
+        }
         (0..due.len())
             .map(|i| {
                 let (mut yes, mut no) = (0, 0);

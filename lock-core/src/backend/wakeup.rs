@@ -29,14 +29,23 @@ pub(crate) struct Wakeups {
     hubs: Vec<Hub>,
 }
 
+/// The channels some waiter of this client listens on.
 #[derive(Default)]
-struct Channels {
+pub(crate) struct Channels {
     map: Mutex<HashMap<String, Arc<Channel>>>,
 }
 
 impl Channels {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the waiters of `channel` (a release seen in-process).
+    pub(crate) fn notify(&self, channel: &str) {
+        let entry = self.lock().get(channel).cloned();
+        if let Some(entry) = entry {
+            entry.released.notify_waiters();
+        }
     }
 }
 
@@ -48,6 +57,8 @@ struct Channel {
 /// A waiter's interest in one channel; ends when dropped.
 pub(crate) struct Subscription {
     channel: Arc<Channel>,
+    name: String,
+    channels: Arc<Channels>,
 }
 
 impl Subscription {
@@ -60,7 +71,16 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.channel.waiters.fetch_sub(1, Ordering::AcqRel);
+        let mut map = self.channels.lock();
+        if self.channel.waiters.fetch_sub(1, Ordering::AcqRel) == 1
+            && map
+                .get(&self.name)
+                .is_some_and(|c| Arc::ptr_eq(c, &self.channel))
+        {
+            // The last waiter: forget the channel (a hub unsubscribes from
+            // it at its next sweep).
+            map.remove(&self.name);
+        }
     }
 }
 
@@ -82,6 +102,7 @@ struct Subscribe {
 }
 
 impl Wakeups {
+    /// Wake-ups through the release channels of these servers.
     pub(crate) fn new(clients: Vec<redis::Client>) -> Wakeups {
         Wakeups {
             channels: Arc::default(),
@@ -92,6 +113,15 @@ impl Wakeups {
                     live: Mutex::new(None),
                 })
                 .collect(),
+        }
+    }
+
+    /// Wake-ups inside the process, on `channels` that an in-memory store
+    /// notifies.
+    pub(crate) fn local(channels: Arc<Channels>) -> Wakeups {
+        Wakeups {
+            channels,
+            hubs: Vec::new(),
         }
     }
 
@@ -113,7 +143,15 @@ impl Wakeups {
             entry.waiters.fetch_add(1, Ordering::AcqRel);
             entry
         };
-        let subscription = Subscription { channel: entry };
+        let subscription = Subscription {
+            channel: entry,
+            name: channel.to_owned(),
+            channels: self.channels.clone(),
+        };
+        if self.hubs.is_empty() {
+            // In-process locks: releases notify the channels directly.
+            return Some(subscription);
+        }
         let confirmations = self
             .hubs
             .iter()

@@ -1,0 +1,210 @@
+//! Locks kept in this process's memory, for unit tests without a server.
+//!
+//! The same semantics as one Redis server: leases with a ttl that expire on
+//! their own, owner tokens checked on renew and release, fencing counters,
+//! release wake-ups. Time is `tokio::time::Instant`, so tests that pause
+//! tokio's clock (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`)
+//! see leases expire exactly when the clock is advanced.
+
+use super::wakeup::Channels;
+use super::{Attempt, LockKeys};
+use crate::heartbeat::{Due, Renewal};
+use crate::token::Token;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Shared storage for in-memory lock clients.
+///
+/// Every [`LockClient`](crate::LockClient) built on one store sees the same
+/// locks, as clients in different processes see the same Redis: give two
+/// clients one store to test how two replicas of a service contend.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_core::LockError> {
+/// use lock_core::{LockClient, MemoryStore};
+/// use std::time::Duration;
+///
+/// let store = MemoryStore::new();
+/// let replica_a = LockClient::in_memory_on(&store);
+/// let replica_b = LockClient::in_memory_on(&store);
+///
+/// let held = replica_a.lock("job", Duration::from_secs(10)).await?;
+/// assert!(replica_b.try_lock("job", Duration::from_secs(10)).await?.is_none());
+/// held.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Store>,
+}
+
+#[derive(Default)]
+struct Store {
+    state: Mutex<State>,
+    /// The release channels of every client on this store.
+    listeners: Mutex<Vec<std::sync::Weak<Channels>>>,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<String, Held>,
+    fences: HashMap<String, u64>,
+}
+
+struct Held {
+    token: Token,
+    expires: Instant,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    /// How many locks are held now (expired ones are not counted).
+    pub fn held(&self) -> usize {
+        let now = Instant::now();
+        self.inner
+            .lock()
+            .locks
+            .values()
+            .filter(|held| held.expires > now)
+            .count()
+    }
+
+    /// The channels a client listens on, fed by this store's releases.
+    pub(crate) fn channels(&self) -> Arc<Channels> {
+        let channels = Arc::new(Channels::default());
+        let mut listeners = self
+            .inner
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.push(Arc::downgrade(&channels));
+        channels
+    }
+
+    fn publish(&self, key: &str) {
+        let listeners: Vec<Arc<Channels>> = self
+            .inner
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for channels in listeners {
+            channels.notify(key);
+        }
+    }
+
+    pub(crate) fn acquire(&self, keys: &LockKeys<'_>, token: &Token, ttl: Duration) -> Attempt {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        if state
+            .locks
+            .get(keys.lock)
+            .is_some_and(|held| held.expires > now)
+        {
+            return Attempt::Busy;
+        }
+        state.locks.insert(
+            keys.lock.to_owned(),
+            Held {
+                token: token.clone(),
+                expires: now + ttl,
+            },
+        );
+        let fence = keys
+            .fence
+            .map(|fence_key| next_fence(&mut state, fence_key));
+        Attempt::Granted { fence }
+    }
+
+    /// The lock at `key` if it is ours and not expired.
+    fn ours<'a>(state: &'a mut State, key: &str, token: &Token) -> Option<&'a mut Held> {
+        let now = Instant::now();
+        state
+            .locks
+            .get_mut(key)
+            .filter(|held| held.expires > now && held.token == *token)
+    }
+
+    pub(crate) fn renew(&self, key: &str, token: &Token, ttl: Duration) -> bool {
+        let mut state = self.inner.lock();
+        match Self::ours(&mut state, key, token) {
+            Some(held) => {
+                held.expires = Instant::now() + ttl;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn renew_many(&self, due: &[Due]) -> Vec<Renewal> {
+        due.iter()
+            .map(|d| {
+                if self.renew(&d.lease.storage_key, &d.lease.token, d.ttl) {
+                    Renewal::Renewed
+                } else {
+                    Renewal::NotOurs
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) fn take_over(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+    ) -> Option<Attempt> {
+        let mut state = self.inner.lock();
+        let held = Self::ours(&mut state, keys.lock, token)?;
+        held.expires = Instant::now() + ttl;
+        let fence = keys
+            .fence
+            .map(|fence_key| next_fence(&mut state, fence_key));
+        Some(Attempt::Granted { fence })
+    }
+
+    pub(crate) fn release(&self, key: &str, token: &Token) -> bool {
+        let released = {
+            let mut state = self.inner.lock();
+            let ours = Self::ours(&mut state, key, token).is_some();
+            if ours {
+                state.locks.remove(key);
+            }
+            ours
+        };
+        if released {
+            self.publish(key);
+        }
+        released
+    }
+}
+
+impl Store {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn next_fence(state: &mut State, fence_key: &str) -> u64 {
+    let counter = state.fences.entry(fence_key.to_owned()).or_insert(0);
+    *counter += 1;
+    *counter
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("held", &self.held())
+            .finish()
+    }
+}

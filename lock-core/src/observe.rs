@@ -1,0 +1,93 @@
+//! What the crate tells operators: `tracing` spans and events, and, with the
+//! `metrics` feature, counters and histograms.
+//!
+//! | signal | where |
+//! | --- | --- |
+//! | span `lock` (DEBUG): `key`, `attempts`, `waited_ms`, `outcome` | around each acquisition |
+//! | DEBUG `lock busy, retrying`: `key`, `attempt`, `delay_ms` | each retry |
+//! | WARN `lock renewal failed`: `key` (the first of the round), `leases`, `error` | a renewal round that could not reach Redis |
+//! | WARN `lock lost`: `key`, `reason` | a held lock found lost |
+//! | DEBUG `lock released`: `key`, `held_ms`, `owned` | each release |
+//!
+//! Keys are logged as the caller named them; tokens never are. With the
+//! `metrics` feature: counters `lock_core_acquired_total`,
+//! `lock_core_contended_total`, `lock_core_unavailable_total`,
+//! `lock_core_lost_total`, `lock_core_released_total`, and histograms
+//! `lock_core_wait_seconds` (acquisitions, successful or not) and
+//! `lock_core_hold_seconds` (from acquisition to release). No metric carries
+//! the key as a label: keys like `order:{id}` would make one series per
+//! order.
+
+use crate::error::{ErrorKind, LockError};
+use std::time::Duration;
+
+/// How an acquisition ended, for the span and the counters.
+pub(crate) fn acquisition(
+    span: &tracing::Span,
+    result: Result<(), &LockError>,
+    attempts: u32,
+    waited: Duration,
+) {
+    let outcome = match result {
+        Ok(()) => "acquired",
+        Err(e) => match e.kind() {
+            ErrorKind::Contended => "contended",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::InvalidKey | ErrorKind::Config => "invalid",
+            _ => "failed",
+        },
+    };
+    span.record("attempts", attempts);
+    span.record("waited_ms", millis(waited));
+    span.record("outcome", outcome);
+    #[cfg(feature = "metrics")]
+    {
+        let counter = match outcome {
+            "acquired" => Some("lock_core_acquired_total"),
+            "contended" => Some("lock_core_contended_total"),
+            "unavailable" => Some("lock_core_unavailable_total"),
+            _ => None,
+        };
+        if let Some(counter) = counter {
+            metrics::counter!(counter).increment(1);
+        }
+        metrics::histogram!("lock_core_wait_seconds").record(waited.as_secs_f64());
+    }
+}
+
+/// A busy answer; another attempt follows after `delay`.
+pub(crate) fn retry(key: &str, attempt: u32, delay: Duration) {
+    tracing::debug!(
+        key,
+        attempt,
+        delay_ms = millis(delay),
+        "lock busy, retrying"
+    );
+}
+
+/// A renewal round of `leases` leases (`key` the first of them) that could
+/// not reach Redis; it is tried again until each lease's validity runs out.
+pub(crate) fn renewal_failed(key: &str, leases: usize, error: &dyn std::fmt::Display) {
+    tracing::warn!(key, leases, error = %error, "lock renewal failed");
+}
+
+/// A held lock found lost.
+pub(crate) fn lost(key: &str, reason: &'static str) {
+    tracing::warn!(key, reason, "lock lost");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("lock_core_lost_total").increment(1);
+}
+
+/// A lock let go of after `held`; `owned`: it was still ours.
+pub(crate) fn released(key: &str, held: Duration, owned: bool) {
+    tracing::debug!(key, held_ms = millis(held), owned, "lock released");
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("lock_core_released_total").increment(1);
+        metrics::histogram!("lock_core_hold_seconds").record(held.as_secs_f64());
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

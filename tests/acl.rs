@@ -1,0 +1,331 @@
+//! Redis ACLs: a user holding exactly the documented permissions runs every
+//! behavioural case without a single denial, and a user missing one gets a
+//! clear `Server` error at the operation that needs it (or, for
+//! `SUBSCRIBE`, waits by polling instead).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
+use lock_testkit::RedisServer;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::time::{Instant, timeout};
+
+const PREFIX: &str = "acl:lock:";
+const ADMIN_PASSWORD: &str = "admin-secret";
+/// Bound on anything expected to finish.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// The documented ACL for a client with key prefix `acl:lock:` (README,
+/// "Redis ACL"), without the optional `+client|setinfo`.
+const LOCK_CLIENT_RULES: &[&str] = &[
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+incr",
+    "+evalsha",
+    "+script|load",
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+    "+ping",
+    "+type",
+    "~acl:lock:*",
+    "&acl:lock:*",
+];
+
+/// A server whose default user needs a password, as in production; the
+/// kit's own commands use it.
+fn server() -> RedisServer {
+    RedisServer::builder().password(ADMIN_PASSWORD).start()
+}
+
+/// Creates (or replaces) user `name` with password `name-pw` and exactly
+/// `rules`.
+fn create_user(server: &RedisServer, name: &str, rules: &[&str]) {
+    let password = format!(">{name}-pw");
+    let mut args = vec!["ACL", "SETUSER", name, "reset", "on", &password];
+    args.extend_from_slice(rules);
+    let _: () = server.cmd(&args);
+}
+
+/// The documented rules, minus `missing`, plus `extra`.
+fn rules_without(missing: &str, extra: &[&'static str]) -> Vec<&'static str> {
+    assert!(LOCK_CLIENT_RULES.contains(&missing), "{missing}");
+    LOCK_CLIENT_RULES
+        .iter()
+        .copied()
+        .filter(|rule| *rule != missing)
+        .chain(extra.iter().copied())
+        .collect()
+}
+
+fn user_url(server: &RedisServer, name: &str) -> String {
+    format!("redis://{name}:{name}-pw@127.0.0.1:{}", server.port())
+}
+
+async fn try_client(server: &RedisServer, user: &str) -> Result<LockClient, LockError> {
+    timeout(
+        BOUND,
+        LockClient::builder()
+            .url(user_url(server, user))
+            .key_prefix(PREFIX)
+            .operation_timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_secs(2))
+            .build(),
+    )
+    .await
+    .expect("build is bounded")
+}
+
+async fn client_as(server: &RedisServer, user: &str) -> LockClient {
+    try_client(server, user)
+        .await
+        .unwrap_or_else(|e| panic!("client for user {user}: {e}\n{}", server.log()))
+}
+
+/// One `ACL LOG` entry: why (`command`, `key`, `channel`), where
+/// (`toplevel`, `lua`, `multi`), what (the command, key or channel).
+#[derive(Debug, PartialEq, Eq)]
+struct Denial {
+    reason: String,
+    context: String,
+    object: String,
+    username: String,
+}
+
+fn denials(server: &RedisServer) -> Vec<Denial> {
+    let entries: Vec<HashMap<String, redis::Value>> = server.cmd(&["ACL", "LOG"]);
+    let text = |entry: &HashMap<String, redis::Value>, field: &str| {
+        entry
+            .get(field)
+            .and_then(|value| redis::from_redis_value_ref::<String>(value).ok())
+            .unwrap_or_default()
+    };
+    entries
+        .iter()
+        .map(|entry| Denial {
+            reason: text(entry, "reason"),
+            context: text(entry, "context"),
+            object: text(entry, "object"),
+            username: text(entry, "username"),
+        })
+        .collect()
+}
+
+/// Polls `check` until it holds, failing after [`BOUND`].
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < BOUND, "not within {BOUND:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Asserts `err` is a `Server` error explaining a denied permission, and
+/// that its text contains `needle`. Returns the text.
+fn assert_denied(err: &LockError, needle: &str) -> String {
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert_eq!(err.kind(), ErrorKind::Server, "{text}");
+    assert!(
+        text.contains("permission denied by the server's ACL"),
+        "{text}"
+    );
+    assert!(text.contains(needle), "{needle:?} not in: {text}");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_runs_every_case_without_a_denial() {
+    let server = server();
+    create_user(&server, "locker", LOCK_CLIENT_RULES);
+    let a = client_as(&server, "locker").await;
+    let b = client_as(&server, "locker").await;
+
+    // lock, contention (try_lock and a wait that runs out), release.
+    let guard = a.lock("job", Duration::from_secs(10)).await.unwrap();
+    assert!(
+        b.try_lock("job", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let opts = LockOptions::new(Duration::from_secs(5)).wait(Duration::from_millis(100));
+    let err = b.lock_with("job", opts).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+
+    // a waiter subscribed to the release channel is woken by the release.
+    let storage_key = a.storage_key("job").unwrap();
+    let waiter = tokio::spawn(async move {
+        let opts = LockOptions::new(Duration::from_secs(5)).wait(BOUND);
+        let guard = b.lock_with("job", opts).await.unwrap();
+        assert!(guard.release().await.unwrap());
+        b
+    });
+    eventually("the waiter subscribes to the release channel", || {
+        let numsub: (String, i64) = server.cmd(&["PUBSUB", "NUMSUB", &storage_key]);
+        numsub.1 >= 1
+    })
+    .await;
+    assert!(guard.release().await.unwrap());
+    let b = timeout(BOUND, waiter).await.unwrap().unwrap();
+
+    // extend, and renewal seen from the server.
+    let ttl = Duration::from_millis(300);
+    let guard = a.lock("renewed", ttl).await.unwrap();
+    guard.extend(Duration::from_millis(400)).await.unwrap();
+    let key = a.storage_key("renewed").unwrap();
+    let mut renewals = 0;
+    let mut last: i64 = server.cmd(&["PTTL", &key]);
+    let started = Instant::now();
+    while renewals < 3 {
+        assert!(started.elapsed() < BOUND, "{renewals} renewals");
+        let now: i64 = server.cmd(&["PTTL", &key]);
+        assert!(now > 0 && !guard.is_lost(), "lost the renewed lock");
+        if now > last {
+            renewals += 1;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(guard.release().await.unwrap());
+
+    // fencing.
+    let fenced = LockOptions::new(Duration::from_secs(5)).fencing(true);
+    let first = a.lock_with("fenced", fenced.clone()).await.unwrap();
+    let token = first.fencing_token().unwrap();
+    assert!(first.release().await.unwrap());
+    let second = b.lock_with("fenced", fenced).await.unwrap();
+    assert!(second.fencing_token().unwrap() > token);
+    assert!(second.release().await.unwrap());
+
+    // Scripts flushed (a restart, a failover): reloaded with SCRIPT LOAD.
+    let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+    let guard = a.lock("after-flush", Duration::from_secs(5)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+
+    // Nothing was refused, but for the connection metadata the redis crate
+    // sends and ignores a refusal of (`CLIENT SETINFO`, Redis 7.2 and later:
+    // the optional `+client|setinfo`).
+    let refused: Vec<Denial> = denials(&server)
+        .into_iter()
+        .filter(|d| d.object != "client|setinfo")
+        .collect();
+    assert_eq!(refused, Vec::new(), "the ACL refused something");
+}
+
+#[tokio::test]
+async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
+    let server = server();
+
+    // No EVALSHA: taking a lock is a plain SET and works; releasing runs a
+    // script and is refused.
+    create_user(&server, "no-evalsha", &rules_without("+evalsha", &[]));
+    let client = client_as(&server, "no-evalsha").await;
+    let guard = client.lock("a", Duration::from_secs(5)).await.unwrap();
+    let err = guard.release().await.unwrap_err();
+    assert_denied(&err, "may not run `evalsha`");
+    assert!(err.to_string().contains("ACL SETUSER <user> +evalsha"));
+
+    // No INCR: plain locks work, a fencing token is refused at acquisition.
+    create_user(&server, "no-incr", &rules_without("+incr", &[]));
+    let client = client_as(&server, "no-incr").await;
+    let guard = client.lock("b", Duration::from_secs(5)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let _: () = server.cmd(&["ACL", "LOG", "RESET"]);
+    let opts = LockOptions::new(Duration::from_secs(5))
+        .fencing(true)
+        .wait(Duration::ZERO);
+    let err = client.lock_with("c", opts).await.unwrap_err();
+    let text = assert_denied(&err, "+incr");
+    assert!(text.contains("script"), "{text}");
+    assert_eq!(err.key(), Some("c"));
+    // The server's ACL LOG names the command the script was refused.
+    let log = denials(&server);
+    assert!(
+        log.iter()
+            .any(|d| d.object == "incr" && d.context == "lua" && d.username == "no-incr"),
+        "{log:?}"
+    );
+
+    // No PING: the client cannot even be built, and says why.
+    create_user(&server, "no-ping", &rules_without("+ping", &[]));
+    let err = try_client(&server, "no-ping").await.unwrap_err();
+    assert_denied(&err, "may not run `ping`");
+}
+
+#[tokio::test]
+async fn keys_outside_the_pattern_are_refused_clearly() {
+    let server = server();
+    let mut rules = rules_without("~acl:lock:*", &["~other:*"]);
+    rules.retain(|rule| *rule != "&acl:lock:*");
+    rules.push("&other:*");
+    create_user(&server, "other-prefix", &rules);
+    let client = client_as(&server, "other-prefix").await;
+    let err = client
+        .lock_with(
+            "k",
+            LockOptions::new(Duration::from_secs(5)).wait(Duration::ZERO),
+        )
+        .await
+        .unwrap_err();
+    assert_denied(&err, "ACL SETUSER <user> ~<prefix>*");
+}
+
+#[tokio::test]
+async fn release_without_publish_is_refused_after_deleting() {
+    let server = server();
+    create_user(&server, "no-publish", &rules_without("+publish", &[]));
+    let client = client_as(&server, "no-publish").await;
+    let guard = client.lock("p", Duration::from_secs(30)).await.unwrap();
+    let key = client.storage_key("p").unwrap();
+    let err = guard.release().await.unwrap_err();
+    assert_denied(&err, "+publish");
+    // A script is not rolled back: the DEL before the refused PUBLISH
+    // stands, so the lock is free even though release reported an error.
+    assert_eq!(server.cmd::<i64>(&["EXISTS", &key]), 0);
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_clear_error() {
+    let server = server();
+    create_user(&server, "locker", LOCK_CLIENT_RULES);
+    let url = format!("redis://locker:wrong@127.0.0.1:{}", server.port());
+    let err = timeout(BOUND, LockClient::builder().url(url).build())
+        .await
+        .unwrap()
+        .unwrap_err();
+    eprintln!("{err}");
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(err.to_string().contains("user name and password"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_subscribe_waiting_falls_back_to_polling() {
+    let server = server();
+    create_user(&server, "no-subscribe", &rules_without("+subscribe", &[]));
+    let holder = client_as(&server, "no-subscribe").await;
+    let waiter = client_as(&server, "no-subscribe").await;
+
+    let guard = holder.lock("w", Duration::from_secs(30)).await.unwrap();
+    let _: () = server.cmd(&["ACL", "LOG", "RESET"]);
+    let waiting = tokio::spawn(async move {
+        let opts = LockOptions::new(Duration::from_secs(5)).wait(BOUND);
+        let guard = waiter.lock_with("w", opts).await.unwrap();
+        guard.release().await.unwrap()
+    });
+    // The waiter asked for wake-ups and was refused...
+    eventually("the waiter's SUBSCRIBE is refused", || {
+        denials(&server)
+            .iter()
+            .any(|d| d.object == "subscribe" && d.username == "no-subscribe")
+    })
+    .await;
+    // ...and still gets the lock once it is released, by polling.
+    assert!(guard.release().await.unwrap());
+    let released = timeout(BOUND, waiting)
+        .await
+        .expect("the waiter is bounded");
+    assert!(released.unwrap());
+}

@@ -1,0 +1,429 @@
+//! The behaviour users rely on, defined once and run against both a real
+//! `redis-server` and the in-memory backend, so the two cannot drift apart.
+//!
+//! Each case gets two clients on one backend (`a` and `b`), like two
+//! processes of a service.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{ErrorKind, LockClient, LockError, LockOptions, MemoryStore};
+use lock_testkit::RedisServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+struct Fixture {
+    a: LockClient,
+    b: LockClient,
+    _server: Option<RedisServer>,
+}
+
+async fn on_redis() -> Fixture {
+    let server = RedisServer::start();
+    let client = |backoff| {
+        LockClient::builder()
+            .url(server.url())
+            .key_prefix("behaviour:")
+            .backoff(backoff)
+            .build()
+    };
+    Fixture {
+        a: client(lock_core::Backoff::default()).await.unwrap(),
+        b: client(slow_backoff()).await.unwrap(),
+        _server: Some(server),
+    }
+}
+
+async fn in_memory() -> Fixture {
+    let store = MemoryStore::new();
+    Fixture {
+        a: LockClient::builder()
+            .in_memory(&store)
+            .key_prefix("behaviour:")
+            .build()
+            .await
+            .unwrap(),
+        // Same store: `b` stands for another process.
+        b: LockClient::builder()
+            .in_memory(&store)
+            .key_prefix("behaviour:")
+            .backoff(slow_backoff())
+            .build()
+            .await
+            .unwrap(),
+        _server: None,
+    }
+}
+
+/// A backoff so slow that only a release wake-up gets a waiter in quickly.
+fn slow_backoff() -> lock_core::Backoff {
+    lock_core::Backoff::new(Duration::from_secs(5), Duration::from_secs(5))
+}
+
+macro_rules! behaviour {
+    ($($case:ident),* $(,)?) => {
+        mod redis_server {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::on_redis().await).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::in_memory().await).await;
+                }
+            )*
+        }
+    };
+}
+
+behaviour!(
+    only_one_holder_at_a_time,
+    try_lock_on_a_held_key_returns_none,
+    the_wait_deadline_is_honoured,
+    renewal_keeps_the_lock_for_several_ttls,
+    without_renewal_the_lease_expires_and_is_lost,
+    release_after_expiry_leaves_the_new_owner_alone,
+    fencing_tokens_increase_across_holders,
+    extend_sets_a_new_ttl_and_fails_once_lost,
+    drop_releases_at_once,
+    a_waiter_hears_the_release,
+    an_annotated_function_runs_under_the_lock,
+    min_hold_keeps_the_lock_after_an_early_release,
+    max_hold_ends_the_hold_of_a_runaway_holder,
+    holds_out_of_order_are_config_errors,
+    a_scheduled_job_runs_once_per_min_hold,
+);
+
+#[lock_core::distributed_lock(
+    key = "tick:{n}",
+    ttl = "5s",
+    wait = "0s",
+    min_hold = "500ms",
+    client = client
+)]
+async fn scheduled(client: &LockClient, n: u32) -> Result<u32, LockError> {
+    Ok(n)
+}
+
+#[lock_core::distributed_lock(key = "job:{id}", ttl = "5s", wait = "0s", client = client)]
+async fn job(client: &LockClient, id: u32) -> Result<u32, LockError> {
+    assert_eq!(
+        lock_core::current_lock().unwrap().key(),
+        format!("job:{id}")
+    );
+    Ok(id)
+}
+
+mod cases {
+    use super::*;
+
+    fn opts(ttl_ms: u64) -> LockOptions {
+        LockOptions::new(Duration::from_millis(ttl_ms)).wait(Duration::from_secs(30))
+    }
+
+    pub async fn only_one_holder_at_a_time(fx: Fixture) {
+        let clients = [Arc::new(fx.a), Arc::new(fx.b)];
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let client = clients[worker % 2].clone();
+            let (inside, most, counter) = (inside.clone(), most.clone(), counter.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..20 {
+                    let guard = client.lock_with("shared", opts(5000)).await.unwrap();
+                    most.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    // Read, yield, write: updates are lost unless exclusive.
+                    let value = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(value + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.release().await.unwrap());
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 1, "two holders at once");
+        assert_eq!(counter.load(Ordering::SeqCst), 160, "lost updates");
+    }
+
+    pub async fn try_lock_on_a_held_key_returns_none(fx: Fixture) {
+        let held = fx.a.lock("k", Duration::from_secs(5)).await.unwrap();
+        let ttl = Duration::from_secs(5);
+        assert!(fx.b.try_lock("k", ttl).await.unwrap().is_none());
+        assert!(held.release().await.unwrap());
+        let next = fx.b.try_lock("k", ttl).await.unwrap();
+        assert!(next.is_some(), "free after release");
+    }
+
+    pub async fn the_wait_deadline_is_honoured(fx: Fixture) {
+        let _held = fx.a.lock("k", Duration::from_secs(5)).await.unwrap();
+        let wait = Duration::from_millis(300);
+        let started = Instant::now();
+        let err =
+            fx.b.lock_with("k", LockOptions::new(Duration::from_secs(5)).wait(wait))
+                .await
+                .unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::Contended);
+        assert!(
+            took >= wait && took < wait + Duration::from_millis(400),
+            "{took:?}"
+        );
+    }
+
+    pub async fn renewal_keeps_the_lock_for_several_ttls(fx: Fixture) {
+        let ttl = Duration::from_millis(300);
+        let guard = fx.a.lock("k", ttl).await.unwrap();
+        let until = Instant::now() + ttl * 4;
+        while Instant::now() < until {
+            assert!(fx.b.try_lock("k", ttl).await.unwrap().is_none(), "expired");
+            assert!(!guard.is_lost());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(guard.release().await.unwrap());
+    }
+
+    pub async fn without_renewal_the_lease_expires_and_is_lost(fx: Fixture) {
+        let ttl = Duration::from_millis(200);
+        let guard =
+            fx.a.lock_with("k", LockOptions::new(ttl).renew(false))
+                .await
+                .unwrap();
+        let started = Instant::now();
+        tokio::time::timeout(ttl * 3, guard.lost())
+            .await
+            .expect("loss not signalled");
+        // The holder stops trusting the lease a little before the store
+        // expires it (the clock drift allowance): the next owner gets in
+        // right after that (here a task of the same process, which the
+        // lost guard no longer holds back).
+        let next =
+            fx.a.lock_with("k", LockOptions::new(ttl).wait(Duration::from_secs(2)))
+                .await;
+        assert!(next.is_ok(), "the key did not expire: {:?}", next.err());
+        assert!(started.elapsed() < ttl * 2, "{:?}", started.elapsed());
+    }
+
+    pub async fn release_after_expiry_leaves_the_new_owner_alone(fx: Fixture) {
+        let first =
+            fx.a.lock_with(
+                "k",
+                LockOptions::new(Duration::from_millis(100)).renew(false),
+            )
+            .await
+            .unwrap();
+        first.lost().await;
+        let second = fx.b.lock_with("k", opts(5000)).await.unwrap();
+        assert!(!first.release().await.unwrap(), "it was no longer ours");
+        assert!(
+            fx.a.try_lock("k", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_none(),
+            "the new owner's lock was released"
+        );
+        assert!(second.release().await.unwrap());
+    }
+
+    pub async fn fencing_tokens_increase_across_holders(fx: Fixture) {
+        let mut last = 0;
+        for i in 0..10 {
+            let client = if i % 2 == 0 { &fx.a } else { &fx.b };
+            let guard = client
+                .lock_with("fenced", opts(5000).fencing(true))
+                .await
+                .unwrap();
+            let token = guard.fencing_token().unwrap();
+            assert!(token > last, "{token} after {last}");
+            last = token;
+            guard.release().await.unwrap();
+        }
+    }
+
+    pub async fn extend_sets_a_new_ttl_and_fails_once_lost(fx: Fixture) {
+        let guard =
+            fx.a.lock_with(
+                "k",
+                LockOptions::new(Duration::from_millis(200)).renew(false),
+            )
+            .await
+            .unwrap();
+        guard.extend(Duration::from_secs(30)).await.unwrap();
+        assert_eq!(guard.ttl(), Duration::from_secs(30));
+        // Past the first ttl, still ours thanks to the extension.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!guard.is_lost());
+        assert!(
+            fx.b.try_lock("k", Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(guard.release().await.unwrap());
+
+        let short =
+            fx.a.lock_with(
+                "k2",
+                LockOptions::new(Duration::from_millis(100)).renew(false),
+            )
+            .await
+            .unwrap();
+        short.lost().await;
+        let err = short.extend(Duration::from_secs(5)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Lost);
+    }
+
+    pub async fn drop_releases_at_once(fx: Fixture) {
+        let guard = fx.a.lock("k", Duration::from_secs(30)).await.unwrap();
+        drop(guard);
+        // Long before the 30 s ttl.
+        let got =
+            fx.b.lock_with(
+                "k",
+                LockOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(3)),
+            )
+            .await;
+        assert!(got.is_ok(), "{:?}", got.err());
+    }
+
+    pub async fn a_waiter_hears_the_release(fx: Fixture) {
+        let held = fx.a.lock("k", Duration::from_secs(10)).await.unwrap();
+        let b = fx.b.clone();
+        let (asked_tx, asked_rx) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(async move {
+            let acquiring = b.lock_with("k", opts(10_000));
+            tokio::pin!(acquiring);
+            // Its first attempts, up to where it waits.
+            tokio::select! {
+                biased;
+                _ = &mut acquiring => panic!("acquired while held"),
+                () = std::future::ready(()) => {}
+            }
+            asked_tx.send(()).unwrap();
+            let got = acquiring.await;
+            (got, Instant::now())
+        });
+        asked_rx.await.unwrap();
+        // Its backoff is 5 s: only hearing the release gets it in quickly.
+        let released_at = Instant::now();
+        assert!(held.release().await.unwrap());
+        let (got, at) = tokio::time::timeout(Duration::from_secs(4), waiter)
+            .await
+            .expect("the waiter slept through the release")
+            .unwrap();
+        got.unwrap().release().await.unwrap();
+        assert!(
+            at - released_at < Duration::from_millis(500),
+            "{:?}",
+            at - released_at
+        );
+    }
+
+    pub async fn an_annotated_function_runs_under_the_lock(fx: Fixture) {
+        assert_eq!(job(&fx.a, 7).await.unwrap(), 7);
+        let held = fx.b.lock("job:7", Duration::from_secs(5)).await.unwrap();
+        let err = job(&fx.a, 7).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Contended);
+        held.release().await.unwrap();
+        assert_eq!(job(&fx.a, 7).await.unwrap(), 7);
+    }
+
+    pub async fn min_hold_keeps_the_lock_after_an_early_release(fx: Fixture) {
+        let min_hold = Duration::from_millis(600);
+        let started = Instant::now();
+        let guard =
+            fx.a.lock_with("tick", opts(5000).min_hold(min_hold))
+                .await
+                .unwrap();
+        assert!(guard.release().await.unwrap(), "it was ours");
+        assert!(
+            fx.b.try_lock("tick", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_none(),
+            "released before its min_hold"
+        );
+        // `a`, whose backoff is short: the lease expires without a release
+        // message.
+        let next =
+            fx.a.lock_with("tick", opts(5000).wait(Duration::from_secs(3)))
+                .await
+                .unwrap();
+        let took = started.elapsed();
+        assert!(took >= min_hold - Duration::from_millis(20), "{took:?}");
+        assert!(took < min_hold + Duration::from_millis(700), "{took:?}");
+        next.release().await.unwrap();
+    }
+
+    pub async fn max_hold_ends_the_hold_of_a_runaway_holder(fx: Fixture) {
+        let max_hold = Duration::from_millis(600);
+        let started = Instant::now();
+        let guard =
+            fx.a.lock_with("runaway", opts(200).max_hold(max_hold))
+                .await
+                .unwrap();
+        tokio::time::timeout(Duration::from_secs(3), guard.lost())
+            .await
+            .expect("max_hold did not end the hold");
+        let took = started.elapsed();
+        assert!(took >= max_hold - Duration::from_millis(20), "{took:?}");
+        assert!(took < max_hold + Duration::from_millis(300), "{took:?}");
+        // Renewal stopped: the lease runs out within a ttl, although the
+        // guard is still alive.
+        let next =
+            fx.b.lock_with("runaway", opts(200).wait(Duration::from_secs(3)))
+                .await;
+        assert!(next.is_ok(), "{:?}", next.err());
+        drop(guard);
+    }
+
+    pub async fn holds_out_of_order_are_config_errors(fx: Fixture) {
+        let ttl = Duration::from_secs(10);
+        let err =
+            fx.a.lock_with("k", LockOptions::new(ttl).max_hold(Duration::from_secs(5)))
+                .await
+                .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        let err =
+            fx.a.lock_with(
+                "k",
+                LockOptions::new(ttl)
+                    .min_hold(Duration::from_secs(60))
+                    .max_hold(Duration::from_secs(30)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    }
+
+    pub async fn a_scheduled_job_runs_once_per_min_hold(fx: Fixture) {
+        let started = Instant::now();
+        assert_eq!(scheduled(&fx.a, 1).await.unwrap(), 1);
+        // Another replica, the same tick, right after the first finished.
+        let err = scheduled(&fx.b, 1).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Contended);
+        // Once min_hold is over, the tick can run again.
+        loop {
+            match scheduled(&fx.b, 1).await {
+                Ok(_) => break,
+                Err(e) => assert_eq!(e.kind(), ErrorKind::Contended),
+            }
+            assert!(started.elapsed() < Duration::from_secs(3), "never freed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            started.elapsed() >= Duration::from_millis(480),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
