@@ -182,14 +182,7 @@ impl Quorum {
                 .map(|node| node.renew(key, token, ttl, per_node)),
         )
         .await;
-        let mut tally = Tally::new(self.majority());
-        for (node, answer) in self.nodes.iter().zip(answers) {
-            match answer {
-                Ok(true) => tally.granted += 1,
-                Ok(false) => tally.busy += 1,
-                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
-            }
-        }
+        let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
         } else if tally.busy > self.nodes.len() - tally.needed {
@@ -249,14 +242,7 @@ impl Quorum {
                 .map(|node| node.release(key, token, per_node)),
         )
         .await;
-        let mut tally = Tally::new(self.majority());
-        for (node, answer) in self.nodes.iter().zip(answers) {
-            match answer {
-                Ok(true) => tally.granted += 1,
-                Ok(false) => tally.busy += 1,
-                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
-            }
-        }
+        let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
         } else if tally.granted + tally.busy >= tally.needed {
@@ -267,19 +253,33 @@ impl Quorum {
     }
 
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
-        let answers = join_all(self.nodes.iter().map(|node| node.ping(limit))).await;
-        let mut tally = Tally::new(self.majority());
-        for (node, answer) in self.nodes.iter().zip(answers) {
-            match answer {
-                Ok(()) => tally.granted += 1,
-                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
-            }
-        }
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .map(|node| async move { node.ping(limit).await.map(|()| true) }),
+        )
+        .await;
+        let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(())
         } else {
             Err(tally.unavailable("too few Redis servers answered"))
         }
+    }
+}
+
+impl Quorum {
+    /// Counts per-server yes/no answers (in server order) and failures.
+    fn tally(&self, answers: Vec<Result<bool, LockError>>) -> Tally {
+        let mut tally = Tally::new(self.majority());
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match answer {
+                Ok(true) => tally.granted += 1,
+                Ok(false) => tally.busy += 1,
+                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
+            }
+        }
+        tally
     }
 }
 
