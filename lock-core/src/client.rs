@@ -1,7 +1,8 @@
 //! [`LockClient`] and its builder: the one way in.
 
 use crate::backend::{
-    Attempt, Backend, LockKeys, MemoryStore, Node, Quorum, Subscription, Wakeups, redact,
+    Attempt, Backend, LockKeys, MemoryStore, MinReplicas, Node, Quorum, Subscription, Wakeups,
+    redact,
 };
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
@@ -670,10 +671,20 @@ fn check_duration(what: &str, value: Duration, min: Duration) -> Result<(), Lock
 /// | [`connect_timeout`](Self::connect_timeout) | 5 s |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 200 ms, full jitter |
 /// | [`handoff_budget`](Self::handoff_budget) | 1000 hand-offs within 10 ms |
+/// | [`min_replicas`](Self::min_replicas) | off |
+///
+/// Where the locks live is chosen by exactly one of: [`url`](Self::url)
+/// once (one server), [`url`](Self::url)/[`urls`](Self::urls) for three or
+/// more servers (Redlock), [`sentinel`](Self::sentinel) (the primary that
+/// Redis Sentinel names, followed across failovers), or
+/// [`in_memory`](Self::in_memory).
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockClientBuilder {
     urls: Vec<String>,
+    sentinel: Option<SentinelSettings>,
+    sentinel_primary: Option<String>,
+    min_replicas: Option<MinReplicas>,
     prefix: String,
     default_ttl: Duration,
     default_wait: Duration,
@@ -691,6 +702,9 @@ impl Default for LockClientBuilder {
     fn default() -> Self {
         LockClientBuilder {
             urls: Vec::new(),
+            sentinel: None,
+            sentinel_primary: None,
+            min_replicas: None,
             prefix: "lock:".to_owned(),
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
@@ -716,6 +730,105 @@ impl LockClientBuilder {
     /// lock is held on a majority of them.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
+        self
+    }
+
+    /// Redis Sentinel: locks live on the primary that the Sentinels at
+    /// `sentinel_urls` (`redis://[user:password@]host:port`, the Sentinels'
+    /// own credentials) name for `service_name` (the name in their
+    /// `sentinel monitor <name> ...`).
+    ///
+    /// The client asks the Sentinels for the primary, checks that it answers
+    /// `ROLE` as a primary, and keeps one connection to it. Whenever that
+    /// connection is replaced (it broke, timed out, or its runtime ended) the
+    /// Sentinels are asked again, all within the
+    /// [`connect_timeout`](Self::connect_timeout). After a failover the old
+    /// primary, if it still answers, answers writes with `READONLY`: the
+    /// client then drops the connection and the call fails as
+    /// [`ErrorKind::Unavailable`], which an acquisition retries within its
+    /// wait, on the new primary. Renewals and releases are retried once at
+    /// once on the new primary.
+    ///
+    /// The primary's user, password and database are not those of the
+    /// Sentinel URLs: give them with
+    /// [`sentinel_primary_credentials`](Self::sentinel_primary_credentials)
+    /// (default: none, database 0). Plain TCP only (`redis://`).
+    ///
+    /// Release wake-ups (pub/sub) are not used with Sentinel: a waiter polls
+    /// with its [`backoff`](Self::backoff), so it notices a release within
+    /// one backoff step instead of at once.
+    ///
+    /// Replication is asynchronous: a lock acquired just before a failover
+    /// may be missing on the new primary. See
+    /// [`min_replicas`](Self::min_replicas) for what can be done about it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let client = lock_core::LockClient::builder()
+    ///     .sentinel(
+    ///         ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///         "mymaster",
+    ///     )
+    ///     .sentinel_primary_credentials("redis://:primary-password@primary/0")
+    ///     .min_replicas(1, Duration::from_millis(100))
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn sentinel<I, S>(mut self, sentinel_urls: I, service_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sentinel = Some(SentinelSettings {
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+            service: service_name.into(),
+        });
+        self
+    }
+
+    /// With [`sentinel`](Self::sentinel): the user, password and database
+    /// for the primary (the same for whichever server is primary), as a URL
+    /// `redis://[user:]password@host[/db]` whose host and port are ignored
+    /// (the Sentinels name the server). Without it: no login, database 0.
+    pub fn sentinel_primary_credentials(mut self, url: impl Into<String>) -> Self {
+        self.sentinel_primary = Some(url.into());
+        self
+    }
+
+    /// After each successful acquisition, waits for `replicas` replicas to
+    /// acknowledge the lock's write (`WAIT replicas timeout` on the same
+    /// connection, right after the `SET`), for at most `timeout`; with fewer
+    /// acknowledgements the lock is deleted again (compare-and-delete) and
+    /// the attempt counts as failed with [`ErrorKind::Unavailable`] ("the
+    /// lock was not replicated to N replicas"): it is retried within the
+    /// acquisition's wait, and the error is returned when the wait runs out.
+    /// Default: off. One server or Sentinel only, not Redlock.
+    ///
+    /// What it guarantees: a lock handed to the caller had reached at least
+    /// `replicas` replicas' memory, so a failover that promotes one of them
+    /// keeps it. What it does not: replication stays asynchronous, and
+    /// `WAIT` does not make the lock strongly consistent. A failover can
+    /// still lose the lock when the promoted replica is not one that
+    /// acknowledged (with more replicas than `replicas`), or when a replica
+    /// that acknowledged restarts without persistence; renewals are not
+    /// waited for (a promoted replica may have an older expiry, so the lock
+    /// can expire there sooner than the holder thinks, by up to the part of
+    /// the ttl renewed since); nor are the lease take-overs between tasks of
+    /// one process. Fencing tokens remain the way to make the protected
+    /// resource safe against two holders.
+    ///
+    /// Costs: a round trip per acquisition, and `WAIT` blocks the client's
+    /// one shared connection until the replicas answer (normally well under
+    /// a millisecond on a local network; up to `timeout` when they are
+    /// missing), delaying other calls of the client meanwhile. `timeout`
+    /// must be shorter than the [`operation_timeout`](Self::operation_timeout),
+    /// which bounds the acquisition call and its `WAIT` together. An ACL
+    /// user needs `+wait` too.
+    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replicas = Some(MinReplicas { replicas, timeout });
         self
     }
 
@@ -862,6 +975,36 @@ impl LockClientBuilder {
         Node::new(url, self.connect_timeout)
     }
 
+    /// The node that follows the primary the Sentinels name.
+    fn sentinel_node(&self, sentinel: &SentinelSettings) -> Result<Node, LockError> {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Err(LockError::config(
+                "TLS certificates were configured, but TLS is not supported with Sentinel",
+            ));
+        }
+        let primary = match &self.sentinel_primary {
+            Some(url) => redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map_err(|e| {
+                    LockError::config(format!(
+                        "cannot use {:?} for the primary's credentials; write it as \
+                         redis://[user:]password@host[/db]",
+                        redact(url)
+                    ))
+                    .with_source(e)
+                })?
+                .redis_settings()
+                .clone(),
+            None => redis::RedisConnectionInfo::default(),
+        };
+        Node::sentinel(
+            &sentinel.urls,
+            &sentinel.service,
+            primary,
+            self.connect_timeout,
+        )
+    }
+
     /// Checks the configuration, connects and proves the server answers.
     ///
     /// Errors: [`ErrorKind::Config`] for invalid settings or URL,
@@ -871,25 +1014,60 @@ impl LockClientBuilder {
     /// `rediss://` URL without the `tls` feature and for a failed TLS
     /// handshake (a server certificate no trusted CA issued).
     pub async fn build(self) -> Result<LockClient, LockError> {
-        match (self.urls.len(), &self.memory) {
-            (0, Some(_)) => {}
-            (_, Some(_)) => {
+        match (self.urls.len(), &self.memory, &self.sentinel) {
+            (0, Some(_), None) | (0, None, Some(_)) => {}
+            (_, Some(_), _) => {
                 return Err(LockError::config(
-                    "both Redis URLs and an in-memory store given; choose one",
+                    "both Redis URLs or Sentinels and an in-memory store given; choose one",
                 ));
             }
-            (0, None) => {
+            (_, None, Some(_)) => {
+                return Err(LockError::config(
+                    "both Redis URLs and Sentinels given; choose one (with Sentinel, give the \
+                     primary's credentials with .sentinel_primary_credentials(...))",
+                ));
+            }
+            (0, None, None) => {
                 return Err(LockError::config(
                     "no Redis URL: call .url(\"redis://host:6379\") on the builder",
                 ));
             }
-            (2, None) => {
+            (2, None, None) => {
                 return Err(LockError::config(
                     "2 Redis URLs: Redlock needs at least 3 independent servers \
                      (2 cannot outvote one failure); give 1, or 3 or more",
                 ));
             }
             _ => {}
+        }
+        if self.sentinel_primary.is_some() && self.sentinel.is_none() {
+            return Err(LockError::config(
+                "sentinel_primary_credentials is only used with .sentinel(...)",
+            ));
+        }
+        if let Some(min) = self.min_replicas {
+            if self.memory.is_some() || self.urls.len() > 1 {
+                return Err(LockError::config(
+                    "min_replicas needs one Redis server or Sentinel, not Redlock or in-memory",
+                ));
+            }
+            if min.replicas == 0 {
+                return Err(LockError::config(
+                    "min_replicas(0, ..) waits for nothing: give at least 1, or leave it off",
+                ));
+            }
+            check_duration(
+                "min_replicas timeout",
+                min.timeout,
+                Duration::from_millis(1),
+            )?;
+            if min.timeout >= self.op_timeout {
+                return Err(LockError::config(format!(
+                    "min_replicas timeout {:?} must be shorter than operation_timeout {:?}, \
+                     which bounds the acquisition and its WAIT together",
+                    min.timeout, self.op_timeout
+                )));
+            }
         }
         check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
         check_duration("default_wait", self.default_wait, Duration::ZERO)?;
@@ -917,12 +1095,18 @@ impl LockClientBuilder {
             let backend = Backend::Memory(store.clone());
             return Ok(LockClient::assemble(self, backend));
         }
-        let nodes = self
-            .urls
-            .iter()
-            .map(|url| self.node(url))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut nodes = match &self.sentinel {
+            Some(sentinel) => vec![self.sentinel_node(sentinel)?],
+            None => self
+                .urls
+                .iter()
+                .map(|url| self.node(url))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         let backend = if nodes.len() == 1 {
+            if let Some(node) = nodes.first_mut() {
+                node.min_replicas = self.min_replicas;
+            }
             nodes.into_iter().next().map(Backend::Single)
         } else {
             Some(Backend::Redlock(Quorum::new(nodes, self.node_timeout)))
@@ -930,7 +1114,19 @@ impl LockClientBuilder {
         let Some(backend) = backend else {
             return Err(LockError::config("no Redis URL"));
         };
-        let shown: Vec<String> = self.urls.iter().map(|u| redact(u)).collect();
+        let shown: Vec<String> = match &self.sentinel {
+            Some(sentinel) => vec![format!(
+                "the primary of {:?} named by sentinels {}",
+                sentinel.service,
+                sentinel
+                    .urls
+                    .iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )],
+            None => self.urls.iter().map(|u| redact(u)).collect(),
+        };
         let ping_limit = self.connect_timeout.max(self.op_timeout);
         let client = LockClient::assemble(self, backend);
         client.inner.backend.ping(ping_limit).await.map_err(|e| {
@@ -946,6 +1142,14 @@ impl LockClientBuilder {
         })?;
         Ok(client)
     }
+}
+
+/// The Sentinels and the service name given to
+/// [`LockClientBuilder::sentinel`].
+#[derive(Clone, Debug)]
+struct SentinelSettings {
+    urls: Vec<String>,
+    service: String,
 }
 
 #[cfg(test)]

@@ -22,6 +22,14 @@
 //! directory, so no process outlives the test. [`start_servers`] starts
 //! several at once, for Redlock tests. Failures carry the server log.
 //!
+//! # Replication and Sentinel
+//!
+//! [`ServerBuilder::replica_of`] starts a replica of another server
+//! ([`RedisServer::wait_replica_synced`] waits for its initial sync), and
+//! [`SentinelServer::start`] a Redis Sentinel monitoring a primary, with
+//! short failure-detection times for tests; it can be asked which server is
+//! primary ([`SentinelServer::wait_for_primary`]).
+//!
 //! # TLS
 //!
 //! [`TestCertificates::generate`] makes a private CA, a server certificate
@@ -68,6 +76,7 @@ mod binary;
 mod error;
 mod probe;
 mod proxy;
+mod sentinel;
 mod server;
 mod signal;
 mod tls;
@@ -75,5 +84,6 @@ mod tls;
 pub use binary::{REDIS_SERVER_BIN_ENV, redis_server_binary};
 pub use error::TestkitError;
 pub use proxy::{Proxy, ProxyMode};
+pub use sentinel::SentinelServer;
 pub use server::{PauseGuard, RedisServer, ServerBuilder, start_servers, try_start_servers};
 pub use tls::{OPENSSL_BIN_ENV, TestCertificates};

@@ -17,19 +17,21 @@ use crate::signal::{self, Signal};
 use crate::{TestCertificates, TestkitError, redis_server_binary};
 
 /// Fresh ports tried by a start before giving up.
-const START_ATTEMPTS: usize = 5;
+pub(crate) const START_ATTEMPTS: usize = 5;
 /// How long a spawned server has to answer before the start fails.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a restart keeps retrying while its port is taken.
 const RESTART_PORT_WAIT: Duration = Duration::from_secs(5);
 /// Pause between restart attempts on a busy port.
 const RESTART_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// Pause between polls of [`RedisServer::wait_replica_synced`].
+const SYNC_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Pause between readiness probes.
-const PROBE_INTERVAL: Duration = Duration::from_millis(20);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(20);
 /// Bound on reaping a killed server.
-const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connect, read and write timeout of [`RedisServer::connection`].
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The server's own log file, inside its directory.
 const LOG_FILE: &str = "redis.log";
@@ -103,6 +105,23 @@ impl ServerBuilder {
     pub fn require_client_certificates(mut self) -> Self {
         if let Some(tls) = &mut self.tls {
             tls.require_client_certificates = true;
+        }
+        self
+    }
+
+    /// Starts the server as a replica of `primary` (`--replicaof 127.0.0.1
+    /// <port>`, with `--masterauth` when `primary` has a password). It is
+    /// ready when it answers, not when it has synced: see
+    /// [`RedisServer::wait_replica_synced`].
+    pub fn replica_of(mut self, primary: &RedisServer) -> Self {
+        self.args.extend([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port().to_string(),
+        ]);
+        if let Some(password) = primary.password() {
+            self.args
+                .extend(["--masterauth".to_owned(), password.to_owned()]);
         }
         self
     }
@@ -503,6 +522,59 @@ impl RedisServer {
             })
     }
 
+    /// The value of one field of `INFO <section>` (`role`,
+    /// `master_link_status`, `connected_slaves`, ...), `None` when absent.
+    ///
+    /// # Errors
+    ///
+    /// Fails with the server log when the server cannot be asked.
+    pub fn try_info_field(
+        &self,
+        section: &str,
+        field: &str,
+    ) -> Result<Option<String>, TestkitError> {
+        let info: String = self.try_cmd(&["INFO", section])?;
+        Ok(info_field(&info, field))
+    }
+
+    /// `master` or `slave`, from `INFO replication`.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the server log if the server cannot be asked.
+    pub fn role(&self) -> String {
+        self.try_info_field("replication", "role")
+            .unwrap_or_else(|e| panic!("lock-testkit: {e}"))
+            .unwrap_or_default()
+    }
+
+    /// For a replica: waits until its link to the primary is up and the
+    /// initial sync is done (`master_link_status:up`), polling, for at most
+    /// `bound`.
+    ///
+    /// # Errors
+    ///
+    /// Fails with the server log when the link is not up within `bound`.
+    pub fn wait_replica_synced(&self, bound: Duration) -> Result<(), TestkitError> {
+        let deadline = Instant::now() + bound;
+        loop {
+            let status = self.try_info_field("replication", "master_link_status");
+            if let Ok(Some(status)) = &status
+                && status == "up"
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TestkitError::new(format!(
+                    "the replica on port {} did not sync within {bound:?} (last: {status:?})",
+                    self.port
+                ))
+                .with_log(&self.log()));
+            }
+            thread::sleep(SYNC_POLL_INTERVAL);
+        }
+    }
+
     /// Spawns the server on `self.port` and waits until it is ready.
     fn launch(&self) -> Result<Child, Launch> {
         let dir = self.dir.path();
@@ -532,6 +604,8 @@ impl RedisServer {
             .args(["--appendonly", "no"])
             .args(["--daemonize", "no"])
             .args(["--protected-mode", "no"])
+            // A replica's initial sync starts at once, not after 5 s.
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(["--dbfilename", DUMP_FILE]);
         if let Some(password) = &self.options.password {
             command.arg("--requirepass").arg(password);
@@ -708,8 +782,15 @@ pub fn try_start_servers(n: usize) -> Result<Vec<RedisServer>, TestkitError> {
     })
 }
 
+/// The value of `field` in an `INFO` reply.
+pub(crate) fn info_field(info: &str, field: &str) -> Option<String> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .map(|value| value.trim().to_owned())
+}
+
 /// A port that was free a moment ago.
-fn free_port() -> Result<u16, TestkitError> {
+pub(crate) fn free_port() -> Result<u16, TestkitError> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
@@ -717,7 +798,7 @@ fn free_port() -> Result<u16, TestkitError> {
 }
 
 /// Whether the log written since byte `start` reports a failed bind.
-fn bind_failed(log_path: &Path, start: u64) -> bool {
+pub(crate) fn bind_failed(log_path: &Path, start: u64) -> bool {
     let log = fs::read(log_path).unwrap_or_default();
     let fresh = log
         .get(usize::try_from(start).unwrap_or(usize::MAX)..)
@@ -728,7 +809,7 @@ fn bind_failed(log_path: &Path, start: u64) -> bool {
 
 /// Kills `child` (ignoring that it may be gone already) and reaps it, waiting
 /// at most [`REAP_TIMEOUT`].
-fn reap(child: &mut Child) {
+pub(crate) fn reap(child: &mut Child) {
     let _ = child.kill();
     let deadline = Instant::now() + REAP_TIMEOUT;
     loop {

@@ -1,7 +1,7 @@
 //! The lock commands on one server.
 
-use super::{Attempt, LockKeys, Node};
-use crate::error::LockError;
+use super::{Attempt, LockKeys, MinReplicas, Node};
+use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::{BATCH, Due};
 use crate::scripts;
 use crate::token::Token;
@@ -11,6 +11,12 @@ use std::time::Duration;
 impl Node {
     /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
     /// script.
+    ///
+    /// With `min_replicas` set, a granted attempt is followed on the same
+    /// connection by `WAIT replicas timeout`; when fewer replicas
+    /// acknowledge, the lock is deleted again (compare-and-delete, same
+    /// connection) and the attempt fails as [`ErrorKind::Unavailable`], so
+    /// the acquisition loop retries within its wait.
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys<'_>,
@@ -19,38 +25,54 @@ impl Node {
         limit: Duration,
     ) -> Result<Attempt, LockError> {
         let ttl_ms = ttl_millis(ttl);
-        match keys.fence {
+        let min = self.min_replicas;
+        let (attempt, short) = match keys.fence {
             None => {
-                let ok: Option<redis::Value> = self
-                    .call(limit, false, |mut conn| {
-                        let mut cmd = redis::cmd("SET");
-                        cmd.arg(keys.lock)
-                            .arg(token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(ttl_ms);
-                        async move { cmd.query_async(&mut conn).await }
-                    })
-                    .await?;
-                Ok(match ok {
-                    Some(_) => Attempt::Granted { fence: None },
-                    None => Attempt::Busy,
+                self.call(limit, false, |mut conn| {
+                    let mut cmd = redis::cmd("SET");
+                    cmd.arg(keys.lock)
+                        .arg(token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl_ms);
+                    async move {
+                        let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
+                        if ok.is_none() {
+                            return Ok((Attempt::Busy, None));
+                        }
+                        let short = replicate(&mut conn, min, keys.lock, token).await?;
+                        Ok((Attempt::Granted { fence: None }, short))
+                    }
                 })
+                .await?
             }
             Some(fence_key) => {
-                let fence: u64 = self
-                    .call(limit, false, |mut conn| {
-                        let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
-                        inv.key(fence_key).arg(token).arg(ttl_ms);
-                        async move { inv.invoke_async(&mut conn).await }
-                    })
-                    .await?;
-                Ok(if fence == 0 {
-                    Attempt::Busy
-                } else {
-                    Attempt::Granted { fence: Some(fence) }
+                self.call(limit, false, |mut conn| {
+                    let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
+                    inv.key(fence_key).arg(token).arg(ttl_ms);
+                    async move {
+                        let fence: u64 = inv.invoke_async(&mut conn).await?;
+                        if fence == 0 {
+                            return Ok((Attempt::Busy, None));
+                        }
+                        let short = replicate(&mut conn, min, keys.lock, token).await?;
+                        Ok((Attempt::Granted { fence: Some(fence) }, short))
+                    }
                 })
+                .await?
             }
+        };
+        match (short, min) {
+            (Some(acked), Some(min)) => {
+                Err(LockError::new(ErrorKind::Unavailable).with_message(format!(
+                    "the lock was not replicated to {} replicas within {:?} \
+                     ({acked} acknowledged on {}); it was released again",
+                    min.replicas,
+                    min.timeout,
+                    self.addr()
+                )))
+            }
+            _ => Ok(attempt),
         }
     }
 
@@ -123,7 +145,7 @@ impl Node {
             renewed.extend(answer?.into_iter().map(|r| r == 1));
         }
         if renewed.len() != due.len() {
-            return Err(LockError::new(crate::ErrorKind::Server)
+            return Err(LockError::new(ErrorKind::Server)
                 .with_message("the batch renewal answered for the wrong number of keys"));
         }
         Ok(renewed)
@@ -185,6 +207,40 @@ impl Node {
         })
         .await
         .map(drop)
+    }
+}
+
+/// After a granted acquisition, with `min_replicas`: `WAIT` on the same
+/// connection (so it covers the lock's write). When too few replicas
+/// acknowledged, or `WAIT` itself failed, deletes the lock again if it is
+/// still ours (compare-and-delete) on that connection. `Ok(Some(acked))`:
+/// too few acknowledged, and the lock was released.
+async fn replicate(
+    conn: &mut redis::aio::MultiplexedConnection,
+    min: Option<MinReplicas>,
+    key: &str,
+    token: &Token,
+) -> redis::RedisResult<Option<i64>> {
+    let Some(min) = min else {
+        return Ok(None);
+    };
+    let waited: redis::RedisResult<i64> = redis::cmd("WAIT")
+        .arg(min.replicas)
+        .arg(ttl_millis(min.timeout))
+        .query_async(conn)
+        .await;
+    let acked = match waited {
+        Ok(acked) if acked >= i64::from(min.replicas) => return Ok(None),
+        Ok(acked) => Ok(acked),
+        Err(e) => Err(e),
+    };
+    let mut release = scripts::RELEASE.key(key);
+    release.arg(token);
+    let released: redis::RedisResult<i64> = release.invoke_async(conn).await;
+    match (acked, released) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e),
+        (Ok(acked), Ok(_)) => Ok(Some(acked)),
     }
 }
 

@@ -7,7 +7,7 @@ mod quorum;
 mod wakeup;
 
 pub use memory::MemoryStore;
-pub(crate) use node::{Node, redact};
+pub(crate) use node::{MinReplicas, Node, redact};
 pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
@@ -167,11 +167,13 @@ impl Backend {
         None
     }
 
-    /// The wake-up channels for this backend's servers.
+    /// The wake-up channels for this backend's servers. A Sentinel node has
+    /// none (its server changes with failovers): its waiters poll, on their
+    /// backoff timer.
     pub(crate) fn wakeups(&self) -> Wakeups {
         match self {
             Backend::Memory(store) => Wakeups::local(store.channels()),
-            _ => Wakeups::new(self.nodes().iter().map(Node::redis_client).collect()),
+            _ => Wakeups::new(self.nodes().iter().filter_map(Node::redis_client).collect()),
         }
     }
 

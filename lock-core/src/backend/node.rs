@@ -18,13 +18,62 @@ use tokio::sync::oneshot;
 /// a global outlives the runtime it was built on (every `#[tokio::test]` has
 /// its own), so the next call notices and connects again on the caller's
 /// runtime instead of failing.
+///
+/// A node may also stand for "whichever server the Sentinels name primary"
+/// ([`Node::sentinel`]): every (re)connection then asks the Sentinels first,
+/// and a `READONLY` answer (the old primary, demoted to a replica after a
+/// failover, still answering) drops the connection so the next call finds
+/// the new primary.
 pub(crate) struct Node {
-    client: redis::Client,
+    target: Target,
     addr: String,
     connect_timeout: Duration,
+    /// `WAIT n timeout` after each acquisition, when set.
+    pub(crate) min_replicas: Option<MinReplicas>,
     current: Mutex<Option<Live>>,
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
+}
+
+/// Where a node's connections go.
+enum Target {
+    /// One server, always the same.
+    Direct(redis::Client),
+    /// The primary the Sentinels name at the time of connecting.
+    Sentinel(SentinelTarget),
+}
+
+/// What is needed to ask the Sentinels for a service's primary.
+struct SentinelTarget {
+    /// The Sentinels' URLs (their own credentials included).
+    urls: Vec<String>,
+    /// The name the Sentinels monitor the primary under.
+    service: String,
+    /// The credentials and database for the primary.
+    primary: redis::sentinel::SentinelNodeConnectionInfo,
+}
+
+impl SentinelTarget {
+    /// A Sentinel client for one lookup. It is built afresh each time (it
+    /// only parses the URLs), so no connection to a Sentinel outlives the
+    /// lookup, or the runtime it ran on.
+    fn client(&self) -> redis::RedisResult<redis::sentinel::SentinelClient> {
+        redis::sentinel::SentinelClient::build(
+            self.urls.clone(),
+            self.service.clone(),
+            Some(self.primary.clone()),
+            redis::sentinel::SentinelServerType::Master,
+        )
+    }
+}
+
+/// The `min_replicas` setting: after acquiring, `WAIT replicas timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MinReplicas {
+    /// How many replicas must acknowledge the lock's write.
+    pub(crate) replicas: u32,
+    /// How long `WAIT` may block for them.
+    pub(crate) timeout: Duration,
 }
 
 #[derive(Clone)]
@@ -96,22 +145,99 @@ impl Node {
         Ok(Node::with_client(client, connect_timeout))
     }
 
+    /// The primary of `service` as the Sentinels at `sentinel_urls` name
+    /// it, reached with the credentials and database of `primary` (for
+    /// instance parsed from `redis://:password@host/db`, host ignored).
+    /// Plain TCP only.
+    pub(crate) fn sentinel(
+        sentinel_urls: &[String],
+        service: &str,
+        primary: redis::RedisConnectionInfo,
+        connect_timeout: Duration,
+    ) -> Result<Node, LockError> {
+        if sentinel_urls.is_empty() {
+            return Err(LockError::config(
+                "Sentinel needs at least one sentinel URL",
+            ));
+        }
+        if service.is_empty() {
+            return Err(LockError::config(
+                "Sentinel needs the service name the sentinels monitor (sentinel monitor <name> ...)",
+            ));
+        }
+        if let Some(url) = sentinel_urls.iter().find(|url| is_tls_url(url)) {
+            return Err(LockError::config(format!(
+                "{:?}: TLS to Sentinels is not supported; use redis:// URLs",
+                redact(url)
+            )));
+        }
+        let target = SentinelTarget {
+            urls: sentinel_urls.to_vec(),
+            service: service.to_owned(),
+            primary: redis::sentinel::SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(primary),
+        };
+        // Checks the URLs now, so a typo is a configuration error at build.
+        target.client().map_err(|e| {
+            let shown: Vec<String> = sentinel_urls.iter().map(|u| redact(u)).collect();
+            LockError::config(format!("cannot use sentinel URLs {}", shown.join(", ")))
+                .with_source(e)
+        })?;
+        let hosts: Vec<String> = sentinel_urls
+            .iter()
+            .map(|url| {
+                redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                    .map(|info| info.addr().to_string())
+                    .unwrap_or_else(|_| redact(url))
+            })
+            .collect();
+        Ok(Node {
+            target: Target::Sentinel(target),
+            addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
+            connect_timeout,
+            min_replicas: None,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+        })
+    }
+
     fn with_client(client: redis::Client, connect_timeout: Duration) -> Node {
         let info = client.get_connection_info();
         let addr = info.addr().to_string();
         Node {
-            client,
+            target: Target::Direct(client),
             addr,
             connect_timeout,
+            min_replicas: None,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
         }
     }
 
-    /// A client for further connections to the same server.
-    pub(crate) fn redis_client(&self) -> redis::Client {
-        self.client.clone()
+    /// A client for further connections to the same server; `None` for a
+    /// Sentinel node, whose server changes with failovers.
+    pub(crate) fn redis_client(&self) -> Option<redis::Client> {
+        match &self.target {
+            Target::Direct(client) => Some(client.clone()),
+            Target::Sentinel(_) => None,
+        }
+    }
+
+    /// Whether this node follows the primary the Sentinels name.
+    fn follows_sentinels(&self) -> bool {
+        matches!(self.target, Target::Sentinel(_))
+    }
+
+    /// A new connection: to the server, or to the primary the Sentinels
+    /// name now (they are asked, and the primary checked to answer `ROLE`
+    /// as a primary, within the caller's bound).
+    async fn open(&self) -> redis::RedisResult<MultiplexedConnection> {
+        match &self.target {
+            Target::Direct(client) => client.get_multiplexed_async_connection().await,
+            Target::Sentinel(target) => target.client()?.get_async_connection().await,
+        }
     }
 
     /// The server's address, without credentials.
@@ -144,12 +270,9 @@ impl Node {
         if let Some(live) = self.cached() {
             return Ok(live);
         }
-        let conn = match tokio::time::timeout(
-            self.connect_timeout,
-            self.client.get_multiplexed_async_connection(),
-        )
-        .await
-        {
+        // Bounded as a whole: with Sentinel, the lookup of the primary, its
+        // role check and the connection to it.
+        let conn = match tokio::time::timeout(self.connect_timeout, self.open()).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => return Err(connect_error(&self.addr, e)),
             Err(_) => {
@@ -207,6 +330,23 @@ impl Node {
                 let live = self.connection().await?;
                 match f(live.conn.clone()).await {
                     Ok(value) => return Ok(value),
+                    Err(e) if self.follows_sentinels() && is_read_only(&e) => {
+                        // The server we reach is a replica now (a failover
+                        // happened): ask the Sentinels again on the next
+                        // connection, and let the caller retry.
+                        self.retire(live.generation);
+                        if retry_on_drop && !retried {
+                            retried = true;
+                            continue;
+                        }
+                        return Err(LockError::new(ErrorKind::Unavailable)
+                            .with_message(format!(
+                                "{} answered as a replica (READONLY): a failover is under way; \
+                                 reconnecting to the new primary",
+                                self.addr
+                            ))
+                            .with_source(e));
+                    }
                     Err(e) if e.is_connection_dropped() || e.is_unrecoverable_error() => {
                         self.retire(live.generation);
                         if retry_on_drop && !retried {
@@ -251,6 +391,14 @@ fn connect_error(addr: &str, err: redis::RedisError) -> LockError {
     } else {
         err
     }
+}
+
+/// Whether `err` is a server refusing a write because it is a replica, at
+/// the top level (`READONLY ...`) or from inside a script.
+pub(super) fn is_read_only(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || err.code() == Some("READONLY")
+        || err.to_string().contains("READONLY")
 }
 
 /// Whether `url` asks for TLS (`rediss://` or `valkeys://`).
@@ -364,6 +512,40 @@ mod tests {
         assert_eq!(redact("redis://:pw@host:1/0"), "redis://***@host:1/0");
         assert_eq!(redact("redis://u:pw@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn read_only_answers_are_recognised() {
+        let top = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert!(is_read_only(&top));
+        let in_script = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "Error running script",
+            "READONLY You can't write against a read only replica. script: abc".to_owned(),
+        ));
+        assert!(is_read_only(&in_script));
+        let other = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ));
+        assert!(!is_read_only(&other));
+    }
+
+    #[test]
+    fn sentinel_nodes_check_their_settings() {
+        let limit = Duration::from_secs(1);
+        let none = redis::RedisConnectionInfo::default;
+        assert!(Node::sentinel(&[], "m", none(), limit).is_err());
+        let urls = ["redis://127.0.0.1:26379".to_owned()];
+        assert!(Node::sentinel(&urls, "", none(), limit).is_err());
+        let node = Node::sentinel(&urls, "m", none(), limit);
+        assert!(node.as_ref().is_ok_and(|n| n.redis_client().is_none()));
+        assert!(node.is_ok_and(|n| n.addr() == "sentinel[127.0.0.1:26379]/m"));
+        let tls = ["rediss://127.0.0.1:26379".to_owned()];
+        assert!(Node::sentinel(&tls, "m", none(), limit).is_err());
     }
 
     #[test]
