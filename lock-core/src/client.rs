@@ -1,8 +1,8 @@
 //! [`LockClient`] and its builder: the one way in.
 
 use crate::backend::{
-    Attempt, Backend, LockKeys, MemoryStore, MinReplicas, Node, Quorum, Subscription, Wakeups,
-    redact,
+    Attempt, Backend, ClusterNode, LockKeys, MemoryStore, MinReplicas, Node, Quorum, Subscription,
+    Wakeups, redact,
 };
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
@@ -676,7 +676,8 @@ fn check_duration(what: &str, value: Duration, min: Duration) -> Result<(), Lock
 /// Where the locks live is chosen by exactly one of: [`url`](Self::url)
 /// once (one server), [`url`](Self::url)/[`urls`](Self::urls) for three or
 /// more servers (Redlock), [`sentinel`](Self::sentinel) (the primary that
-/// Redis Sentinel names, followed across failovers), or
+/// Redis Sentinel names, followed across failovers),
+/// [`cluster`](Self::cluster) (a Redis Cluster), or
 /// [`in_memory`](Self::in_memory).
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .build().await"]
@@ -684,6 +685,7 @@ pub struct LockClientBuilder {
     urls: Vec<String>,
     sentinel: Option<SentinelSettings>,
     sentinel_primary: Option<String>,
+    cluster: Option<Vec<String>>,
     min_replicas: Option<MinReplicas>,
     prefix: String,
     default_ttl: Duration,
@@ -704,6 +706,7 @@ impl Default for LockClientBuilder {
             urls: Vec::new(),
             sentinel: None,
             sentinel_primary: None,
+            cluster: None,
             min_replicas: None,
             prefix: "lock:".to_owned(),
             default_ttl: Duration::from_secs(30),
@@ -837,6 +840,40 @@ impl LockClientBuilder {
     /// See [`LockClient::in_memory`].
     pub fn in_memory(mut self, store: &MemoryStore) -> Self {
         self.memory = Some(store.clone());
+        self
+    }
+
+    /// A Redis Cluster, reached first through `urls`
+    /// (`redis://[user:password@]host:port`; one node is enough, more help
+    /// when some are down; the rest of the cluster is discovered).
+    ///
+    /// Each lock lives in the hash slot of its key: the key is stored as
+    /// `<prefix>{<key>}` (and its fence counter as `<prefix>{<key>}:fence`),
+    /// so every command of a lock goes to one primary, and locks spread over
+    /// the primaries. Commands follow `MOVED`/`ASK` redirections and
+    /// failovers. Release wake-ups subscribe on each given node (a
+    /// `PUBLISH` reaches every node of a cluster).
+    ///
+    /// Plain TCP only (no TLS); [`min_replicas`](Self::min_replicas) is not
+    /// available. Replication in a cluster is asynchronous: a failover
+    /// right after an acquisition can lose the fresh lock.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.cluster
+            .get_or_insert_with(Vec::new)
+            .extend(urls.into_iter().map(Into::into));
         self
     }
 
@@ -1014,6 +1051,9 @@ impl LockClientBuilder {
     /// `rediss://` URL without the `tls` feature and for a failed TLS
     /// handshake (a server certificate no trusted CA issued).
     pub async fn build(self) -> Result<LockClient, LockError> {
+        if self.cluster.is_some() {
+            return self.build_cluster().await;
+        }
         match (self.urls.len(), &self.memory, &self.sentinel) {
             (0, Some(_), None) | (0, None, Some(_)) => {}
             (_, Some(_), _) => {
@@ -1138,6 +1178,67 @@ impl LockClientBuilder {
             e.with_message(format!(
                 "cannot reach Redis at {}; check the URL and that the server runs",
                 shown.join(", ")
+            ))
+        })?;
+        Ok(client)
+    }
+}
+
+impl LockClientBuilder {
+    /// [`build`](Self::build) for a Redis Cluster.
+    async fn build_cluster(self) -> Result<LockClient, LockError> {
+        let urls = self.cluster.clone().unwrap_or_default();
+        if !self.urls.is_empty() || self.sentinel.is_some() || self.memory.is_some() {
+            return Err(LockError::config(
+                "a Redis Cluster and Redis URLs, Sentinels or an in-memory store given; \
+                 choose one",
+            ));
+        }
+        if self.sentinel_primary.is_some() {
+            return Err(LockError::config(
+                "sentinel_primary_credentials is only used with .sentinel(...)",
+            ));
+        }
+        if self.min_replicas.is_some() {
+            return Err(LockError::config(
+                "min_replicas is not available with a Redis Cluster",
+            ));
+        }
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Err(LockError::config(
+                "TLS certificates were configured, but TLS is not supported with a Redis Cluster",
+            ));
+        }
+        check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
+        check_duration("default_wait", self.default_wait, Duration::ZERO)?;
+        check_duration(
+            "operation_timeout",
+            self.op_timeout,
+            Duration::from_millis(1),
+        )?;
+        check_duration(
+            "connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(1),
+        )?;
+        if self.prefix.len() > MAX_KEY_LEN / 2 {
+            return Err(LockError::config(format!(
+                "key prefix is {} bytes; keep it under {}",
+                self.prefix.len(),
+                MAX_KEY_LEN / 2
+            )));
+        }
+        let node = ClusterNode::new(&urls, self.connect_timeout, self.op_timeout)?;
+        let shown = node.addr().to_owned();
+        let ping_limit = self.connect_timeout.max(self.op_timeout);
+        let client = LockClient::assemble(self, Backend::Cluster(node));
+        client.inner.backend.ping(ping_limit).await.map_err(|e| {
+            if e.kind() != ErrorKind::Unavailable {
+                return e;
+            }
+            e.with_message(format!(
+                "cannot reach the Redis Cluster at {shown}; check the URLs and that it runs"
             ))
         })?;
         Ok(client)

@@ -61,3 +61,41 @@ fn is_executable_file(path: &Path) -> bool {
     path.metadata()
         .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
+
+/// The environment variable that names the `redis-cli` binary to use.
+pub const REDIS_CLI_BIN_ENV: &str = "REDIS_CLI_BIN";
+
+/// Finds the `redis-cli` binary (for `redis-cli --cluster create`).
+///
+/// Uses `REDIS_CLI_BIN` when it is set and not empty; otherwise a
+/// `redis-cli` next to the `redis-server` in use, then one on `PATH`.
+///
+/// # Errors
+///
+/// Returns an error naming what was tried when no executable is found.
+pub fn redis_cli_binary() -> Result<PathBuf, TestkitError> {
+    if let Some(value) = env::var_os(REDIS_CLI_BIN_ENV).filter(|v| !v.is_empty()) {
+        let given = PathBuf::from(&value);
+        if is_executable_file(&given) {
+            return Ok(given);
+        }
+        return search_path(&given).ok_or_else(|| {
+            TestkitError::new(format!(
+                "{REDIS_CLI_BIN_ENV}={} does not name an executable file",
+                given.display()
+            ))
+        });
+    }
+    let beside = redis_server_binary()
+        .ok()
+        .and_then(|server| server.parent().map(|dir| dir.join("redis-cli")))
+        .filter(|cli| is_executable_file(cli));
+    beside
+        .or_else(|| search_path(Path::new("redis-cli")))
+        .ok_or_else(|| {
+            TestkitError::new(format!(
+                "`redis-cli` was not found next to redis-server or on PATH; install Redis or \
+                 set {REDIS_CLI_BIN_ENV} to the path of a redis-cli binary"
+            ))
+        })
+}

@@ -30,6 +30,15 @@
 //! short failure-detection times for tests; it can be asked which server is
 //! primary ([`SentinelServer::wait_for_primary`]).
 //!
+//! # Cluster
+//!
+//! [`RedisCluster::start`] starts `redis-server`s in cluster mode, joins
+//! them with `redis-cli --cluster create` (found through
+//! [`redis_cli_binary`]) and waits until every node reports
+//! `cluster_state:ok`; it tells which node serves a key
+//! ([`RedisCluster::primary_of_key`]), and its nodes can be stopped to force
+//! a failover ([`RedisCluster::wait_ready`] waits for it).
+//!
 //! # TLS
 //!
 //! [`TestCertificates::generate`] makes a private CA, a server certificate
@@ -73,6 +82,7 @@
 //! TLS (Debian's is) and the `openssl` command (or `OPENSSL_BIN`).
 
 mod binary;
+mod cluster;
 mod error;
 mod probe;
 mod proxy;
@@ -81,7 +91,8 @@ mod server;
 mod signal;
 mod tls;
 
-pub use binary::{REDIS_SERVER_BIN_ENV, redis_server_binary};
+pub use binary::{REDIS_CLI_BIN_ENV, REDIS_SERVER_BIN_ENV, redis_cli_binary, redis_server_binary};
+pub use cluster::RedisCluster;
 pub use error::TestkitError;
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::SentinelServer;

@@ -1,6 +1,6 @@
 //! The lock commands on one server.
 
-use super::{Attempt, LockKeys, MinReplicas, Node};
+use super::{Attempt, ClusterNode, LockKeys, MinReplicas, Node};
 use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::{BATCH, Due};
 use crate::scripts;
@@ -8,215 +8,232 @@ use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
 
-impl Node {
-    /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
-    /// script.
-    ///
-    /// With `min_replicas` set, a granted attempt is followed on the same
-    /// connection by `WAIT replicas timeout`; when fewer replicas
-    /// acknowledge, the lock is deleted again (compare-and-delete, same
-    /// connection) and the attempt fails as [`ErrorKind::Unavailable`], so
-    /// the acquisition loop retries within its wait.
-    pub(crate) async fn acquire(
-        &self,
-        keys: &LockKeys<'_>,
-        token: &Token,
-        ttl: Duration,
-        limit: Duration,
-    ) -> Result<Attempt, LockError> {
-        let ttl_ms = ttl_millis(ttl);
-        let min = self.min_replicas;
-        let (attempt, short) = match keys.fence {
-            None => {
-                self.call(limit, false, |mut conn| {
-                    let mut cmd = redis::cmd("SET");
-                    cmd.arg(keys.lock)
-                        .arg(token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl_ms);
-                    async move {
-                        let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
-                        if ok.is_none() {
-                            return Ok((Attempt::Busy, None));
-                        }
-                        let short = replicate(&mut conn, min, keys.lock, token).await?;
-                        Ok((Attempt::Granted { fence: None }, short))
+/// The lock commands, for every kind of server connection: written once,
+/// implemented for [`Node`] (one server) and [`ClusterNode`] (a Redis
+/// Cluster, where each command goes to its keys' slot). Both have a `call`
+/// taking a closure over their connection, an `addr` and `min_replicas`.
+macro_rules! lock_commands {
+    ($server:ty) => {
+        // Not every kind of server uses every command (Redlock alone lifts
+        // fences).
+        #[allow(dead_code)]
+        impl $server {
+            /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
+            /// script.
+            ///
+            /// With `min_replicas` set, a granted attempt is followed on the same
+            /// connection by `WAIT replicas timeout`; when fewer replicas
+            /// acknowledge, the lock is deleted again (compare-and-delete, same
+            /// connection) and the attempt fails as [`ErrorKind::Unavailable`], so
+            /// the acquisition loop retries within its wait.
+            pub(crate) async fn acquire(
+                &self,
+                keys: &LockKeys<'_>,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<Attempt, LockError> {
+                let ttl_ms = ttl_millis(ttl);
+                let min = self.min_replicas;
+                let (attempt, short) = match keys.fence {
+                    None => {
+                        self.call(limit, false, |mut conn| {
+                            let mut cmd = redis::cmd("SET");
+                            cmd.arg(keys.lock)
+                                .arg(token)
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(ttl_ms);
+                            async move {
+                                let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
+                                if ok.is_none() {
+                                    return Ok((Attempt::Busy, None));
+                                }
+                                let short = replicate(&mut conn, min, keys.lock, token).await?;
+                                Ok((Attempt::Granted { fence: None }, short))
+                            }
+                        })
+                        .await?
                     }
-                })
-                .await?
-            }
-            Some(fence_key) => {
-                self.call(limit, false, |mut conn| {
-                    let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
-                    inv.key(fence_key).arg(token).arg(ttl_ms);
-                    async move {
-                        let fence: u64 = inv.invoke_async(&mut conn).await?;
-                        if fence == 0 {
-                            return Ok((Attempt::Busy, None));
-                        }
-                        let short = replicate(&mut conn, min, keys.lock, token).await?;
-                        Ok((Attempt::Granted { fence: Some(fence) }, short))
+                    Some(fence_key) => {
+                        self.call(limit, false, |mut conn| {
+                            let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
+                            inv.key(fence_key).arg(token).arg(ttl_ms);
+                            async move {
+                                let fence: u64 = inv.invoke_async(&mut conn).await?;
+                                if fence == 0 {
+                                    return Ok((Attempt::Busy, None));
+                                }
+                                let short = replicate(&mut conn, min, keys.lock, token).await?;
+                                Ok((Attempt::Granted { fence: Some(fence) }, short))
+                            }
+                        })
+                        .await?
                     }
-                })
-                .await?
-            }
-        };
-        match (short, min) {
-            (Some(acked), Some(min)) => {
-                Err(LockError::new(ErrorKind::Unavailable).with_message(format!(
-                    "the lock was not replicated to {} replicas within {:?} \
+                };
+                match (short, min) {
+                    (Some(acked), Some(min)) => Err(LockError::new(ErrorKind::Unavailable)
+                        .with_message(format!(
+                            "the lock was not replicated to {} replicas within {:?} \
                      ({acked} acknowledged on {}); it was released again",
-                    min.replicas,
-                    min.timeout,
-                    self.addr()
-                )))
+                            min.replicas,
+                            min.timeout,
+                            self.addr()
+                        ))),
+                    _ => Ok(attempt),
+                }
             }
-            _ => Ok(attempt),
-        }
-    }
 
-    /// Takes over a lease handed off in-process: the new holder's ttl, and a
-    /// new fencing token when `keys.fence` is set. `Ok(None)`: not ours.
-    pub(crate) async fn take_over(
-        &self,
-        keys: &LockKeys<'_>,
-        token: &Token,
-        ttl: Duration,
-        limit: Duration,
-    ) -> Result<Option<Attempt>, LockError> {
-        let ttl_ms = ttl_millis(ttl);
-        let answer: u64 = self
-            .call(limit, true, |mut conn| {
-                let mut inv = scripts::TAKE_OVER.key(keys.lock);
-                if let Some(fence_key) = keys.fence {
-                    inv.key(fence_key);
+            /// Takes over a lease handed off in-process: the new holder's ttl, and a
+            /// new fencing token when `keys.fence` is set. `Ok(None)`: not ours.
+            pub(crate) async fn take_over(
+                &self,
+                keys: &LockKeys<'_>,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<Option<Attempt>, LockError> {
+                let ttl_ms = ttl_millis(ttl);
+                let answer: u64 = self
+                    .call(limit, true, |mut conn| {
+                        let mut inv = scripts::TAKE_OVER.key(keys.lock);
+                        if let Some(fence_key) = keys.fence {
+                            inv.key(fence_key);
+                        }
+                        inv.arg(token).arg(ttl_ms);
+                        async move { inv.invoke_async(&mut conn).await }
+                    })
+                    .await?;
+                Ok(match (answer, keys.fence) {
+                    (0, _) => None,
+                    (fence, Some(_)) => Some(Attempt::Granted { fence: Some(fence) }),
+                    (_, None) => Some(Attempt::Granted { fence: None }),
+                })
+            }
+
+            /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours here.
+            pub(crate) async fn renew(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                let ttl_ms = ttl_millis(ttl);
+                let renewed: i64 = self
+                    .call(limit, true, |mut conn| {
+                        let mut inv = scripts::RENEW.key(key);
+                        inv.arg(token).arg(ttl_ms);
+                        async move { inv.invoke_async(&mut conn).await }
+                    })
+                    .await?;
+                Ok(renewed == 1)
+            }
+
+            /// [`renew`](Self::renew) for many leases in one script call each
+            /// [`BATCH`] of them; the answers in order.
+            pub(crate) async fn renew_many(
+                &self,
+                due: &[Due],
+                limit: Duration,
+            ) -> Result<Vec<bool>, LockError> {
+                let calls = due.chunks(BATCH).map(|chunk| {
+                    self.call(limit, true, move |mut conn| {
+                        let mut inv = scripts::RENEW_MANY.prepare_invoke();
+                        for d in chunk {
+                            inv.key(d.lease.storage_key.as_str())
+                                .arg(&d.lease.token)
+                                .arg(ttl_millis(d.ttl));
+                        }
+                        async move { inv.invoke_async::<Vec<i64>>(&mut conn).await }
+                    })
+                });
+                let mut renewed = Vec::with_capacity(due.len());
+                for answer in join_all(calls).await {
+                    renewed.extend(answer?.into_iter().map(|r| r == 1));
                 }
-                inv.arg(token).arg(ttl_ms);
-                async move { inv.invoke_async(&mut conn).await }
-            })
-            .await?;
-        Ok(match (answer, keys.fence) {
-            (0, _) => None,
-            (fence, Some(_)) => Some(Attempt::Granted { fence: Some(fence) }),
-            (_, None) => Some(Attempt::Granted { fence: None }),
-        })
-    }
-
-    /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours here.
-    pub(crate) async fn renew(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Duration,
-        limit: Duration,
-    ) -> Result<bool, LockError> {
-        let ttl_ms = ttl_millis(ttl);
-        let renewed: i64 = self
-            .call(limit, true, |mut conn| {
-                let mut inv = scripts::RENEW.key(key);
-                inv.arg(token).arg(ttl_ms);
-                async move { inv.invoke_async(&mut conn).await }
-            })
-            .await?;
-        Ok(renewed == 1)
-    }
-
-    /// [`renew`](Self::renew) for many leases in one script call each
-    /// [`BATCH`] of them; the answers in order.
-    pub(crate) async fn renew_many(
-        &self,
-        due: &[Due],
-        limit: Duration,
-    ) -> Result<Vec<bool>, LockError> {
-        let calls = due.chunks(BATCH).map(|chunk| {
-            self.call(limit, true, move |mut conn| {
-                let mut inv = scripts::RENEW_MANY.prepare_invoke();
-                for d in chunk {
-                    inv.key(d.lease.storage_key.as_str())
-                        .arg(&d.lease.token)
-                        .arg(ttl_millis(d.ttl));
+                if renewed.len() != due.len() {
+                    return Err(LockError::new(ErrorKind::Server)
+                        .with_message("the batch renewal answered for the wrong number of keys"));
                 }
-                async move { inv.invoke_async::<Vec<i64>>(&mut conn).await }
-            })
-        });
-        let mut renewed = Vec::with_capacity(due.len());
-        for answer in join_all(calls).await {
-            renewed.extend(answer?.into_iter().map(|r| r == 1));
+                Ok(renewed)
+            }
+
+            /// Compare-and-delete. `Ok(false)`: the lock was no longer ours here.
+            pub(crate) async fn release(
+                &self,
+                key: &str,
+                token: &Token,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                let released: i64 = self
+                    .call(limit, true, |mut conn| {
+                        let mut inv = scripts::RELEASE.key(key);
+                        inv.arg(token);
+                        async move { inv.invoke_async(&mut conn).await }
+                    })
+                    .await?;
+                Ok(released == 1)
+            }
+
+            /// Raises the fence counter to at least `fence` while our lock is held
+            /// here. `Ok(false)`: the lock is not ours here (any more).
+            pub(crate) async fn lift_fence(
+                &self,
+                keys: &LockKeys<'_>,
+                token: &Token,
+                fence: u64,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                let Some(fence_key) = keys.fence else {
+                    return Ok(true);
+                };
+                let lifted: i64 = self
+                    .call(limit, true, |mut conn| {
+                        let mut inv = scripts::LIFT_FENCE.key(keys.lock);
+                        inv.key(fence_key).arg(token).arg(fence);
+                        async move { inv.invoke_async(&mut conn).await }
+                    })
+                    .await?;
+                Ok(lifted == 1)
+            }
+
+            /// The Redis type of `key` (`"string"` for a lock, `"none"` when absent).
+            pub(crate) async fn key_type(
+                &self,
+                key: &str,
+                limit: Duration,
+            ) -> Result<String, LockError> {
+                self.call(limit, true, |mut conn| {
+                    let mut cmd = redis::cmd("TYPE");
+                    cmd.arg(key);
+                    async move { cmd.query_async(&mut conn).await }
+                })
+                .await
+            }
+
+            /// A round trip that proves the server answers.
+            pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
+                self.call(limit, false, |mut conn| async move {
+                    redis::cmd("PING").query_async::<String>(&mut conn).await
+                })
+                .await
+                .map(drop)
+            }
         }
-        if renewed.len() != due.len() {
-            return Err(LockError::new(ErrorKind::Server)
-                .with_message("the batch renewal answered for the wrong number of keys"));
-        }
-        Ok(renewed)
-    }
-
-    /// Compare-and-delete. `Ok(false)`: the lock was no longer ours here.
-    pub(crate) async fn release(
-        &self,
-        key: &str,
-        token: &Token,
-        limit: Duration,
-    ) -> Result<bool, LockError> {
-        let released: i64 = self
-            .call(limit, true, |mut conn| {
-                let mut inv = scripts::RELEASE.key(key);
-                inv.arg(token);
-                async move { inv.invoke_async(&mut conn).await }
-            })
-            .await?;
-        Ok(released == 1)
-    }
-
-    /// Raises the fence counter to at least `fence` while our lock is held
-    /// here. `Ok(false)`: the lock is not ours here (any more).
-    pub(crate) async fn lift_fence(
-        &self,
-        keys: &LockKeys<'_>,
-        token: &Token,
-        fence: u64,
-        limit: Duration,
-    ) -> Result<bool, LockError> {
-        let Some(fence_key) = keys.fence else {
-            return Ok(true);
-        };
-        let lifted: i64 = self
-            .call(limit, true, |mut conn| {
-                let mut inv = scripts::LIFT_FENCE.key(keys.lock);
-                inv.key(fence_key).arg(token).arg(fence);
-                async move { inv.invoke_async(&mut conn).await }
-            })
-            .await?;
-        Ok(lifted == 1)
-    }
-
-    /// The Redis type of `key` (`"string"` for a lock, `"none"` when absent).
-    pub(crate) async fn key_type(&self, key: &str, limit: Duration) -> Result<String, LockError> {
-        self.call(limit, true, |mut conn| {
-            let mut cmd = redis::cmd("TYPE");
-            cmd.arg(key);
-            async move { cmd.query_async(&mut conn).await }
-        })
-        .await
-    }
-
-    /// A round trip that proves the server answers.
-    pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
-        self.call(limit, false, |mut conn| async move {
-            redis::cmd("PING").query_async::<String>(&mut conn).await
-        })
-        .await
-        .map(drop)
-    }
+    };
 }
+
+lock_commands!(Node);
+lock_commands!(ClusterNode);
 
 /// After a granted acquisition, with `min_replicas`: `WAIT` on the same
 /// connection (so it covers the lock's write). When too few replicas
 /// acknowledged, or `WAIT` itself failed, deletes the lock again if it is
 /// still ours (compare-and-delete) on that connection. `Ok(Some(acked))`:
 /// too few acknowledged, and the lock was released.
-async fn replicate(
-    conn: &mut redis::aio::MultiplexedConnection,
+async fn replicate<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
     min: Option<MinReplicas>,
     key: &str,
     token: &Token,

@@ -1,11 +1,14 @@
-//! Where locks live: one Redis server, or a Redlock quorum of several.
+//! Where locks live: one Redis server, a Redlock quorum of several, or a
+//! Redis Cluster.
 
+mod cluster;
 mod commands;
 mod memory;
 mod node;
 mod quorum;
 mod wakeup;
 
+pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;
 pub(crate) use node::{MinReplicas, Node, redact};
 pub(crate) use quorum::Quorum;
@@ -15,6 +18,7 @@ use crate::error::LockError;
 use crate::heartbeat::{Due, Renewal};
 use crate::observe;
 use crate::token::Token;
+use futures::future::join_all;
 use std::time::Duration;
 
 /// The answer to one acquisition attempt.
@@ -38,6 +42,7 @@ pub(crate) struct LockKeys<'a> {
 pub(crate) enum Backend {
     Single(Node),
     Redlock(Quorum),
+    Cluster(ClusterNode),
     Memory(MemoryStore),
 }
 
@@ -52,6 +57,7 @@ impl Backend {
     ) -> Result<Attempt, LockError> {
         match self {
             Backend::Single(node) => node.acquire(&keys, token, ttl, limit).await,
+            Backend::Cluster(node) => node.acquire(&keys, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.acquire(&keys, token, ttl, limit).await,
             Backend::Memory(store) => Ok(store.acquire(&keys, token, ttl)),
         }
@@ -69,6 +75,7 @@ impl Backend {
     ) -> Result<Option<Attempt>, LockError> {
         match self {
             Backend::Single(node) => node.take_over(&keys, token, ttl, limit).await,
+            Backend::Cluster(node) => node.take_over(&keys, token, ttl, limit).await,
             Backend::Redlock(_) if keys.fence.is_some() => Ok(None),
             Backend::Redlock(quorum) => Ok(quorum
                 .renew(keys.lock, token, ttl, limit)
@@ -89,6 +96,7 @@ impl Backend {
     ) -> Result<bool, LockError> {
         match self {
             Backend::Single(node) => node.renew(key, token, ttl, limit).await,
+            Backend::Cluster(node) => node.renew(key, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.renew(key, token, ttl, limit).await,
             Backend::Memory(store) => Ok(store.renew(key, token, ttl)),
         }
@@ -115,6 +123,31 @@ impl Backend {
                     due.iter().map(|_| Renewal::Failed).collect()
                 }
             },
+            // One script call per lease, all at once: a script with the
+            // keys of many locks would span hash slots (CROSSSLOT).
+            Backend::Cluster(node) => {
+                let calls = due
+                    .iter()
+                    .map(|d| node.renew(&d.lease.storage_key, &d.lease.token, d.ttl, limit));
+                let mut failed = None;
+                let answers: Vec<Renewal> = join_all(calls)
+                    .await
+                    .into_iter()
+                    .zip(due)
+                    .map(|(answer, d)| match answer {
+                        Ok(true) => Renewal::Renewed,
+                        Ok(false) => Renewal::NotOurs,
+                        Err(e) => {
+                            failed.get_or_insert((d, e, 0)).2 += 1;
+                            Renewal::Failed
+                        }
+                    })
+                    .collect();
+                if let Some((first, e, count)) = failed {
+                    observe::renewal_failed(&first.lease.key, count, &e);
+                }
+                answers
+            }
             Backend::Redlock(quorum) => quorum.renew_many(due, limit).await,
             Backend::Memory(store) => store.renew_many(due),
         }
@@ -129,6 +162,7 @@ impl Backend {
     ) -> Result<bool, LockError> {
         match self {
             Backend::Single(node) => node.release(key, token, limit).await,
+            Backend::Cluster(node) => node.release(key, token, limit).await,
             Backend::Redlock(quorum) => quorum.release(key, token, limit).await,
             Backend::Memory(store) => Ok(store.release(key, token)),
         }
@@ -139,6 +173,7 @@ impl Backend {
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
         match self {
             Backend::Single(node) => node.ping(limit).await,
+            Backend::Cluster(node) => node.ping(limit).await,
             Backend::Redlock(quorum) => quorum.ping(limit).await,
             Backend::Memory(_) => Ok(()),
         }
@@ -149,13 +184,20 @@ impl Backend {
         match self {
             Backend::Single(node) => std::slice::from_ref(node),
             Backend::Redlock(quorum) => quorum.nodes(),
-            Backend::Memory(_) => &[],
+            Backend::Cluster(_) | Backend::Memory(_) => &[],
         }
     }
 
     /// A type other than a string found at a lock key: some other program
     /// uses the key, and waiting will never help.
     pub(crate) async fn foreign_type(&self, key: &str, limit: Duration) -> Option<String> {
+        if let Backend::Cluster(node) = self {
+            return node
+                .key_type(key, limit)
+                .await
+                .ok()
+                .filter(|kind| kind != "string" && kind != "none");
+        }
         for node in self.nodes() {
             if let Ok(kind) = node.key_type(key, limit).await
                 && kind != "string"
@@ -173,6 +215,9 @@ impl Backend {
     pub(crate) fn wakeups(&self) -> Wakeups {
         match self {
             Backend::Memory(store) => Wakeups::local(store.channels()),
+            // PUBLISH reaches every node of a cluster: a hub on each seed
+            // node (each hears every release; a waiter wakes on the first).
+            Backend::Cluster(node) => Wakeups::new(node.seed_clients()),
             _ => Wakeups::new(self.nodes().iter().filter_map(Node::redis_client).collect()),
         }
     }
@@ -185,6 +230,7 @@ impl Backend {
                 let addrs: Vec<&str> = quorum.nodes().iter().map(Node::addr).collect();
                 format!("redlock[{}]", addrs.join(", "))
             }
+            Backend::Cluster(node) => node.addr().to_owned(),
             Backend::Memory(_) => "in-memory".to_owned(),
         }
     }

@@ -1,0 +1,354 @@
+//! Redis Cluster, against real `redis-server` processes in cluster mode
+//! joined by `redis-cli --cluster create` (started by the test kit).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{LockClient, LockError, LockOptions, current_lock, distributed_lock};
+use lock_testkit::RedisCluster;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const PREFIX: &str = "cluster:lock:";
+/// Bound on every wait for the topology (creation, failover).
+const TOPOLOGY_BOUND: Duration = Duration::from_secs(30);
+
+fn storage_key(key: &str) -> String {
+    format!("{PREFIX}{{{key}}}")
+}
+
+async fn client_for(cluster: &RedisCluster) -> LockClient {
+    LockClient::builder()
+        .cluster(cluster.urls())
+        .key_prefix(PREFIX)
+        .operation_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cluster client: {e}\n{}", cluster.nodes()[0].log()))
+}
+
+/// One key per primary: `key -> index of the node that serves it`.
+fn keys_on_every_primary(cluster: &RedisCluster, stem: &str) -> BTreeMap<usize, String> {
+    let mut found = BTreeMap::new();
+    for i in 0..1000 {
+        let key = format!("{stem}{i}");
+        let primary = cluster
+            .primary_of_key(&storage_key(&key))
+            .unwrap()
+            .expect("every slot has a primary");
+        found.entry(primary).or_insert(key);
+        if found.len() == cluster.primaries() {
+            break;
+        }
+    }
+    assert_eq!(found.len(), cluster.primaries(), "{found:?}");
+    found
+}
+
+/// Polls `check` until it holds, for at most `bound`.
+async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn locks_work_on_every_primary_of_a_cluster() {
+    let started = Instant::now();
+    let cluster = RedisCluster::start(3, 0);
+    let created = started.elapsed();
+    let client = client_for(&cluster).await;
+    let other = client_for(&cluster).await;
+    let keys = keys_on_every_primary(&cluster, "k");
+    let slots: Vec<u16> = keys
+        .values()
+        .map(|k| cluster.keyslot(&storage_key(k)).unwrap())
+        .collect();
+    eprintln!("keys {keys:?} in slots {slots:?}");
+
+    for (&primary, key) in &keys {
+        let node = &cluster.nodes()[primary];
+        // try_lock, contention, release.
+        let guard = client
+            .try_lock(key, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("a free lock");
+        assert!(
+            node.cmd::<Option<String>>(&["GET", &storage_key(key)])
+                .is_some(),
+            "the lock is not on its slot's primary"
+        );
+        assert!(
+            other
+                .try_lock(key, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(guard.release().await.unwrap());
+        assert_eq!(node.cmd::<i64>(&["EXISTS", &storage_key(key)]), 0);
+
+        // Fencing: the counter lives in the lock's slot, and grows.
+        let opts = || LockOptions::new(Duration::from_secs(10)).fencing(true);
+        let first = client.lock_with(key, opts()).await.unwrap();
+        let a = first.fencing_token().unwrap();
+        assert!(first.release().await.unwrap());
+        let second = other.lock_with(key, opts()).await.unwrap();
+        let b = second.fencing_token().unwrap();
+        assert!(b > a, "fencing tokens {a} then {b}");
+        let fence: Option<String> = node.cmd(&["GET", &format!("{}:fence", storage_key(key))]);
+        assert_eq!(fence, Some(b.to_string()));
+        assert!(second.release().await.unwrap());
+    }
+
+    // Renewal across several ttls, with locks on every primary held at
+    // once (one renewal round spans slots).
+    for ttl in [
+        Duration::from_millis(300),
+        Duration::from_millis(600),
+        Duration::from_secs(1),
+    ] {
+        let mut guards = Vec::new();
+        for key in keys.values() {
+            guards.push(client.lock(key, ttl).await.unwrap());
+        }
+        // Held for three ttls: only renewal keeps them.
+        tokio::time::sleep(ttl * 3).await;
+        for ((&primary, key), guard) in keys.iter().zip(&guards) {
+            assert!(!guard.is_lost(), "{key} lost with ttl {ttl:?}");
+            let pttl: i64 = cluster.nodes()[primary].cmd(&["PTTL", &storage_key(key)]);
+            assert!(pttl > 0, "{key}: PTTL {pttl} with ttl {ttl:?}");
+        }
+        for guard in guards {
+            assert!(guard.release().await.unwrap(), "released late, ttl {ttl:?}");
+        }
+    }
+    assert_eq!(client.heartbeats_running(), 0);
+    eprintln!(
+        "cluster created in {created:?}; test took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contended_locks_on_a_cluster_exclude_each_other() {
+    let cluster = RedisCluster::start(3, 0);
+    let keys = keys_on_every_primary(&cluster, "c");
+    let clients: Vec<Arc<LockClient>> =
+        futures::future::join_all((0..3).map(|_| async { Arc::new(client_for(&cluster).await) }))
+            .await;
+    let mut tasks = Vec::new();
+    for key in keys.values() {
+        let inside = Arc::new(AtomicBool::new(false));
+        let entered = Arc::new(AtomicUsize::new(0));
+        for worker in 0..6 {
+            let client = clients[worker % clients.len()].clone();
+            let (key, inside, entered) = (key.clone(), inside.clone(), entered.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let opts =
+                        LockOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(20));
+                    let guard = client.lock_with(&key, opts).await.unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders of {key}");
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    inside.store(false, Ordering::SeqCst);
+                    assert!(guard.release().await.unwrap());
+                }
+                entered.load(Ordering::SeqCst)
+            }));
+        }
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("contention finished")
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_the_release_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let holder = client_for(&cluster).await;
+    // Polls only every 5 s: only a wake-up gets it in quickly.
+    let waiter = LockClient::builder()
+        .cluster(cluster.urls())
+        .key_prefix(PREFIX)
+        .backoff(lock_core::Backoff::new(
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        ))
+        .build()
+        .await
+        .unwrap();
+    // A key whose slot is not served by the first node: the release's
+    // PUBLISH must cross the cluster bus.
+    let keys = keys_on_every_primary(&cluster, "w");
+    let key = keys
+        .iter()
+        .find(|(primary, _)| **primary != 0)
+        .map(|(_, k)| k.clone())
+        .unwrap();
+    let held = holder.lock(&key, Duration::from_secs(10)).await.unwrap();
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
+            let guard = waiter.lock_with(&key, opts).await;
+            (guard, Instant::now())
+        })
+    };
+    let first = &cluster.nodes()[0];
+    eventually(Duration::from_secs(5), "the waiter subscribes", || {
+        let subscribers: Vec<redis::Value> = first.cmd(&["PUBSUB", "NUMSUB", &storage_key(&key)]);
+        matches!(subscribers.get(1), Some(redis::Value::Int(n)) if *n >= 1)
+    })
+    .await;
+    let released_at = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (guard, acquired_at) = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter slept through the release")
+        .unwrap();
+    guard.unwrap().release().await.unwrap();
+    let took = acquired_at - released_at;
+    assert!(
+        took < Duration::from_millis(1000),
+        "took {took:?} after the release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_killed_mid_hold_is_failed_over() {
+    let started = Instant::now();
+    let mut cluster = RedisCluster::start(3, 1);
+    let client = client_for(&cluster).await;
+    let keys = keys_on_every_primary(&cluster, "f");
+    let (&victim, key) = keys.iter().next().unwrap();
+    let key = key.clone();
+    // Long enough to outlast the failover (about 2 s with a node timeout of
+    // 1 s): the guard is expected to keep renewing on the promoted replica.
+    let ttl = Duration::from_secs(5);
+    let guard = client.lock(&key, ttl).await.unwrap();
+    // Let the replica have the write before the crash (replication is
+    // asynchronous; WAIT on the primary proves it).
+    let acked: i64 = cluster.nodes()[victim].cmd(&["WAIT", "1", "2000"]);
+    assert_eq!(acked, 1);
+
+    let killed_at = Instant::now();
+    cluster.node_mut(victim).stop();
+    cluster
+        .wait_ready(TOPOLOGY_BOUND)
+        .unwrap_or_else(|e| panic!("no failover: {e}"));
+    let failed_over = killed_at.elapsed();
+    let promoted = cluster
+        .primary_of_key(&storage_key(&key))
+        .unwrap()
+        .expect("the slot has a primary again");
+    assert_ne!(promoted, victim);
+
+    // The client's next lock on that slot works.
+    let acquiring = Instant::now();
+    let other_key = format!("{key}-again");
+    let slot_key = {
+        // Same primary as the held lock (the slot moved to the replica).
+        let mut found = None;
+        for i in 0..1000 {
+            let k = format!("{other_key}{i}");
+            if cluster.primary_of_key(&storage_key(&k)).unwrap() == Some(promoted) {
+                found = Some(k);
+                break;
+            }
+        }
+        found.unwrap()
+    };
+    let next = client
+        .lock_with(
+            &slot_key,
+            LockOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(15)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("lock after the failover: {e}"));
+    let took = acquiring.elapsed();
+    assert!(
+        cluster.nodes()[promoted]
+            .cmd::<Option<String>>(&["GET", &storage_key(&slot_key)])
+            .is_some()
+    );
+    assert!(next.release().await.unwrap());
+
+    // The held guard: renewing on the promoted replica, or reported lost;
+    // never believed held without the key behind it. Checked over two ttls.
+    let watch_until = Instant::now() + ttl * 2;
+    while Instant::now() < watch_until {
+        if guard.is_lost() {
+            break;
+        }
+        let pttl: i64 = cluster.nodes()[promoted].cmd(&["PTTL", &storage_key(&key)]);
+        // Between a renewal failing and the guard noticing, the key may be
+        // gone only while the guard's validity still runs.
+        assert!(
+            pttl > 0 || guard.remaining() > Duration::ZERO || guard.is_lost(),
+            "the guard believes it holds a lock that is gone (PTTL {pttl})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lost = guard.is_lost();
+    if !lost {
+        let pttl: i64 = cluster.nodes()[promoted].cmd(&["PTTL", &storage_key(&key)]);
+        assert!(pttl > 0, "held past its validity without the key");
+        assert!(guard.release().await.unwrap());
+    }
+    eprintln!(
+        "failover took {failed_over:?}; next lock took {took:?}; held guard {}; \
+         test took {:?}",
+        if lost {
+            "reported lost"
+        } else {
+            "kept renewing"
+        },
+        started.elapsed()
+    );
+}
+
+/// Runs while holding `job:{id}`, fenced; returns what `current_lock` says
+/// and whether another client could take the lock meanwhile.
+#[distributed_lock(key = "job:{id}", client = client, ttl = "1s", fencing = true)]
+async fn fenced_job(
+    client: &LockClient,
+    other: &LockClient,
+    id: u32,
+) -> Result<(String, Option<u64>, bool), LockError> {
+    // Longer than the ttl: renewal keeps it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let info = current_lock().expect("inside the lock");
+    let taken = other
+        .try_lock(&format!("job:{id}"), Duration::from_secs(1))
+        .await?
+        .is_some();
+    Ok((info.key().to_owned(), info.fencing_token(), taken))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_works_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let (client, other) = (client_for(&cluster).await, client_for(&cluster).await);
+    for id in 0..3 {
+        let (key, fence, taken) = fenced_job(&client, &other, id).await.unwrap();
+        assert_eq!(key, format!("job:{id}"));
+        assert!(fence.is_some());
+        assert!(!taken, "another client took job:{id} while it was held");
+        let primary = cluster.primary_of_key(&storage_key(&key)).unwrap().unwrap();
+        assert_eq!(
+            cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &storage_key(&key)]),
+            0,
+            "released on return"
+        );
+    }
+}
