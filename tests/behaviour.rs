@@ -1,12 +1,13 @@
-//! The behaviour users rely on, defined once and run against both a real
-//! `redis-server` and the in-memory backend, so the two cannot drift apart.
+//! The behaviour users rely on, defined once and run against a real
+//! `redis-server`, a 3-primary Redis Cluster and the in-memory backend, so
+//! they cannot drift apart.
 //!
 //! Each case gets two clients on one backend (`a` and `b`), like two
 //! processes of a service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions, MemoryStore};
-use lock_testkit::RedisServer;
+use lock_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,6 +17,7 @@ struct Fixture {
     a: LockClient,
     b: LockClient,
     _server: Option<RedisServer>,
+    _cluster: Option<RedisCluster>,
 }
 
 async fn on_redis() -> Fixture {
@@ -31,6 +33,24 @@ async fn on_redis() -> Fixture {
         a: client(lock_core::Backoff::default()).await.unwrap(),
         b: client(slow_backoff()).await.unwrap(),
         _server: Some(server),
+        _cluster: None,
+    }
+}
+
+async fn on_cluster() -> Fixture {
+    let cluster = RedisCluster::start(3, 0);
+    let client = |backoff| {
+        LockClient::builder()
+            .cluster(cluster.urls())
+            .key_prefix("behaviour:")
+            .backoff(backoff)
+            .build()
+    };
+    Fixture {
+        a: client(lock_core::Backoff::default()).await.unwrap(),
+        b: client(slow_backoff()).await.unwrap(),
+        _server: None,
+        _cluster: Some(cluster),
     }
 }
 
@@ -52,6 +72,7 @@ async fn in_memory() -> Fixture {
             .await
             .unwrap(),
         _server: None,
+        _cluster: None,
     }
 }
 
@@ -67,6 +88,14 @@ macro_rules! behaviour {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::cases::$case(super::on_redis().await).await;
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::on_cluster().await).await;
                 }
             )*
         }
