@@ -3,14 +3,12 @@
 
 use super::MinReplicas;
 use super::node::redact;
-use crate::error::{ErrorKind, LockError, TimedOut, from_redis};
+use super::shared::{self, Failure, Shared};
+use crate::error::{ErrorKind, LockError, from_redis};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// A Redis Cluster and the one cluster connection all locks share to it.
 ///
@@ -18,40 +16,17 @@ use tokio::sync::oneshot;
 /// `<prefix>{<key>}:fence`), so the `redis` crate routes it to that slot's
 /// primary and follows `MOVED`/`ASK` redirections and topology changes
 /// (a failover) by itself. As with [`Node`](super::Node), the connection is
-/// replaced when a call times out and when the runtime that drives it has
-/// shut down.
+/// replaced as [`Shared`] says: when a call times out and when the runtime
+/// that drives it has shut down.
 pub(crate) struct ClusterNode {
     client: ClusterClient,
     /// A plain client per seed URL, for the release wake-ups (`PUBLISH` is
     /// broadcast to every node of a cluster).
     seeds: Vec<redis::Client>,
     addr: String,
-    connect_timeout: Duration,
     /// Never set: `WAIT` is refused for a cluster by the builder.
     pub(crate) min_replicas: Option<MinReplicas>,
-    current: Mutex<Option<Live>>,
-    connecting: tokio::sync::Mutex<()>,
-    generation: AtomicU64,
-}
-
-#[derive(Clone)]
-struct Live {
-    conn: ClusterConnection,
-    /// Cleared when the runtime driving `conn` shuts down.
-    driver_alive: Arc<AtomicBool>,
-    /// Dropping the last clone ends the watch task spawned next to the driver.
-    _retire: Arc<oneshot::Sender<()>>,
-    generation: u64,
-}
-
-/// Clears the flag when the watch task is dropped (its runtime shut down, or
-/// the connection was retired).
-struct RuntimeWatch(Arc<AtomicBool>);
-
-impl Drop for RuntimeWatch {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
+    shared: Shared<ClusterConnection>,
 }
 
 impl ClusterNode {
@@ -111,11 +86,8 @@ impl ClusterNode {
             client,
             seeds,
             addr: format!("cluster[{}]", hosts.join(", ")),
-            connect_timeout,
             min_replicas: None,
-            current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
+            shared: Shared::new(connect_timeout),
         })
     }
 
@@ -129,66 +101,15 @@ impl ClusterNode {
         &self.addr
     }
 
-    fn cached(&self) -> Option<Live> {
-        let guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        guard
-            .as_ref()
-            .filter(|live| live.driver_alive.load(Ordering::Acquire))
-            .cloned()
-    }
-
-    /// Forgets the connection of `generation` so the next call reconnects.
-    fn retire(&self, generation: u64) {
-        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_some_and(|l| l.generation == generation) {
-            *guard = None;
-        }
-    }
-
-    async fn connection(&self) -> Result<Live, LockError> {
-        if let Some(live) = self.cached() {
-            return Ok(live);
-        }
-        let _one = self.connecting.lock().await;
-        if let Some(live) = self.cached() {
-            return Ok(live);
-        }
-        let conn =
-            match tokio::time::timeout(self.connect_timeout, self.client.get_async_connection())
-                .await
-            {
-                Ok(Ok(conn)) => conn,
-                Ok(Err(e)) => {
-                    let err = from_redis(e);
-                    return Err(if err.kind() == ErrorKind::Unavailable {
-                        err.with_message(format!("cannot connect to {}", self.addr))
-                    } else {
-                        err
-                    });
-                }
-                Err(_) => {
-                    return Err(LockError::new(ErrorKind::Unavailable)
-                        .with_message(format!("cannot connect to {}", self.addr))
-                        .with_source(TimedOut {
-                            after: self.connect_timeout,
-                        }));
-                }
-            };
-        let driver_alive = Arc::new(AtomicBool::new(true));
-        let (retire_tx, retire_rx) = oneshot::channel::<()>();
-        let watch = RuntimeWatch(driver_alive.clone());
-        tokio::spawn(async move {
-            let _watch = watch;
-            let _ = retire_rx.await;
-        });
-        let live = Live {
-            conn,
-            driver_alive,
-            _retire: Arc::new(retire_tx),
-            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
-        };
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
-        Ok(live)
+    async fn open(&self) -> Result<ClusterConnection, LockError> {
+        self.client.get_async_connection().await.map_err(|e| {
+            let err = from_redis(e);
+            if err.kind() == ErrorKind::Unavailable {
+                err.with_message(format!("cannot connect to {}", self.addr))
+            } else {
+                err
+            }
+        })
     }
 
     /// Runs one call with the shared cluster connection, bounded by `limit`
@@ -206,35 +127,16 @@ impl ClusterNode {
         F: Fn(ClusterConnection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let attempt = async {
-            let mut retried = false;
-            loop {
-                let live = self.connection().await?;
-                match f(live.conn.clone()).await {
-                    Ok(value) => return Ok(value),
-                    Err(e) if e.is_unrecoverable_error() => {
-                        self.retire(live.generation);
-                        if retry_on_drop && !retried {
-                            retried = true;
-                            continue;
-                        }
-                        return Err(from_redis(e)
-                            .with_message(format!("connection to {} was lost", self.addr)));
-                    }
-                    Err(e) => return Err(from_redis(e)),
-                }
+        let failure = |e: redis::RedisError| {
+            if e.is_unrecoverable_error() {
+                shared::lost(&self.addr, e)
+            } else {
+                Failure::Answer(from_redis(e))
             }
         };
-        let generation = self.generation.load(Ordering::Relaxed);
-        match tokio::time::timeout(limit, attempt).await {
-            Ok(result) => result,
-            Err(_) => {
-                self.retire(generation);
-                Err(LockError::new(ErrorKind::Unavailable)
-                    .with_message(format!("{} did not answer", self.addr))
-                    .with_source(TimedOut { after: limit }))
-            }
-        }
+        self.shared
+            .call(&self.addr, limit, retry_on_drop, || self.open(), failure, f)
+            .await
     }
 }
 

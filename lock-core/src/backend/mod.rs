@@ -6,6 +6,7 @@ mod commands;
 mod memory;
 mod node;
 mod quorum;
+mod shared;
 mod wakeup;
 
 pub(crate) use cluster::ClusterNode;

@@ -1,23 +1,18 @@
 //! One Redis server: a shared multiplexed connection that reconnects, with a
 //! bound on every call.
 
-use crate::error::{ErrorKind, LockError, TimedOut, from_redis};
+use super::shared::{self, Failure, Shared};
+use crate::error::{ErrorKind, LockError, from_redis};
 use futures::future::join_all;
 use redis::aio::MultiplexedConnection;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// A Redis server and the one connection all locks share to it.
 ///
 /// The connection is a `MultiplexedConnection`: many concurrent commands are
-/// pipelined over one socket. It is replaced when it breaks or times out, and
-/// also when the tokio runtime that drives it has shut down: a client kept in
-/// a global outlives the runtime it was built on (every `#[tokio::test]` has
-/// its own), so the next call notices and connects again on the caller's
-/// runtime instead of failing.
+/// pipelined over one socket. It is replaced as [`Shared`] says: when it
+/// breaks, times out, or its runtime has shut down.
 ///
 /// A node may also stand for "whichever server the Sentinels name primary"
 /// ([`Node::sentinel`]): every (re)connection then asks the Sentinels first,
@@ -30,9 +25,7 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// `WAIT n timeout` after each acquisition, when set.
     pub(crate) min_replicas: Option<MinReplicas>,
-    current: Mutex<Option<Live>>,
-    connecting: tokio::sync::Mutex<()>,
-    generation: AtomicU64,
+    shared: Shared<MultiplexedConnection>,
 }
 
 /// Where a node's connections go.
@@ -74,26 +67,6 @@ pub(crate) struct MinReplicas {
     pub(crate) replicas: u32,
     /// How long `WAIT` may block for them.
     pub(crate) timeout: Duration,
-}
-
-#[derive(Clone)]
-struct Live {
-    conn: MultiplexedConnection,
-    /// Cleared when the runtime driving `conn` shuts down.
-    driver_alive: Arc<AtomicBool>,
-    /// Dropping the last clone ends the watch task spawned next to the driver.
-    _retire: Arc<oneshot::Sender<()>>,
-    generation: u64,
-}
-
-/// Clears the flag when the watch task is dropped, which happens when its
-/// runtime shuts down (or when the connection is retired).
-struct RuntimeWatch(Arc<AtomicBool>);
-
-impl Drop for RuntimeWatch {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
 }
 
 impl Node {
@@ -196,9 +169,7 @@ impl Node {
             addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
             connect_timeout,
             min_replicas: None,
-            current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
+            shared: Shared::new(connect_timeout),
         })
     }
 
@@ -210,9 +181,7 @@ impl Node {
             addr,
             connect_timeout,
             min_replicas: None,
-            current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
+            shared: Shared::new(connect_timeout),
         }
     }
 
@@ -245,44 +214,14 @@ impl Node {
         &self.addr
     }
 
-    fn cached(&self) -> Option<Live> {
-        let guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        guard
-            .as_ref()
-            .filter(|live| live.driver_alive.load(Ordering::Acquire))
-            .cloned()
-    }
-
-    /// Forgets the connection of `generation` so the next call reconnects.
-    fn retire(&self, generation: u64) {
-        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_some_and(|l| l.generation == generation) {
-            *guard = None;
-        }
-    }
-
-    async fn connection(&self) -> Result<Live, LockError> {
-        if let Some(live) = self.cached() {
-            return Ok(live);
-        }
-        // One reconnect at a time; the others wait for it and reuse it.
-        let _one = self.connecting.lock().await;
-        if let Some(live) = self.cached() {
-            return Ok(live);
-        }
-        // Bounded as a whole: with Sentinel, the lookup of the primary, its
-        // role check and the connection to it.
-        let conn = match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(connect_error(&self.addr, e)),
-            Err(_) => {
-                return Err(LockError::new(ErrorKind::Unavailable)
-                    .with_message(format!("cannot connect to {}", self.addr))
-                    .with_source(TimedOut {
-                        after: self.connect_timeout,
-                    }));
-            }
-        };
+    /// A connection with the scripts loaded, bounded as a whole by the
+    /// caller: with Sentinel, the lookup of the primary, its role check and
+    /// the connection to it.
+    async fn open_loaded(&self) -> Result<MultiplexedConnection, LockError> {
+        let conn = self
+            .open()
+            .await
+            .map_err(|e| connect_error(&self.addr, e))?;
         // Load the scripts up front, so the first calls after connecting do
         // not each pay a NOSCRIPT round trip. Best effort: a failure here
         // only means they load on first use.
@@ -291,21 +230,7 @@ impl Node {
             async move { script.load_async(&mut conn).await }
         });
         let _ = tokio::time::timeout(self.connect_timeout, join_all(loads)).await;
-        let driver_alive = Arc::new(AtomicBool::new(true));
-        let (retire_tx, retire_rx) = oneshot::channel::<()>();
-        let watch = RuntimeWatch(driver_alive.clone());
-        tokio::spawn(async move {
-            let _watch = watch;
-            let _ = retire_rx.await;
-        });
-        let live = Live {
-            conn,
-            driver_alive,
-            _retire: Arc::new(retire_tx),
-            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
-        };
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
-        Ok(live)
+        Ok(conn)
     }
 
     /// Runs one call with the shared connection, bounded by `limit` in all
@@ -324,54 +249,36 @@ impl Node {
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let attempt = async {
-            let mut retried = false;
-            loop {
-                let live = self.connection().await?;
-                match f(live.conn.clone()).await {
-                    Ok(value) => return Ok(value),
-                    Err(e) if self.follows_sentinels() && is_read_only(&e) => {
-                        // The server we reach is a replica now (a failover
-                        // happened): ask the Sentinels again on the next
-                        // connection, and let the caller retry.
-                        self.retire(live.generation);
-                        if retry_on_drop && !retried {
-                            retried = true;
-                            continue;
-                        }
-                        return Err(LockError::new(ErrorKind::Unavailable)
-                            .with_message(format!(
-                                "{} answered as a replica (READONLY): a failover is under way; \
-                                 reconnecting to the new primary",
-                                self.addr
-                            ))
-                            .with_source(e));
-                    }
-                    Err(e) if e.is_connection_dropped() || e.is_unrecoverable_error() => {
-                        self.retire(live.generation);
-                        if retry_on_drop && !retried {
-                            retried = true;
-                            continue;
-                        }
-                        return Err(from_redis(e)
-                            .with_message(format!("connection to {} was lost", self.addr)));
-                    }
-                    Err(e) => return Err(from_redis(e)),
-                }
+        let failure = |e: redis::RedisError| {
+            if self.follows_sentinels() && is_read_only(&e) {
+                // The server we reach is a replica now (a failover
+                // happened): ask the Sentinels again on the next
+                // connection, and let the caller retry.
+                return Failure::Replace(
+                    LockError::new(ErrorKind::Unavailable)
+                        .with_message(format!(
+                            "{} answered as a replica (READONLY): a failover is under way; \
+                             reconnecting to the new primary",
+                            self.addr
+                        ))
+                        .with_source(e),
+                );
             }
+            if e.is_connection_dropped() || e.is_unrecoverable_error() {
+                return shared::lost(&self.addr, e);
+            }
+            Failure::Answer(from_redis(e))
         };
-        let generation = self.generation.load(Ordering::Relaxed);
-        match tokio::time::timeout(limit, attempt).await {
-            Ok(result) => result,
-            Err(_) => {
-                // A connection that stopped answering may never answer again
-                // (a dead peer, a black-holed route); start afresh next time.
-                self.retire(generation);
-                Err(LockError::new(ErrorKind::Unavailable)
-                    .with_message(format!("{} did not answer", self.addr))
-                    .with_source(TimedOut { after: limit }))
-            }
-        }
+        self.shared
+            .call(
+                &self.addr,
+                limit,
+                retry_on_drop,
+                || self.open_loaded(),
+                failure,
+                f,
+            )
+            .await
     }
 }
 
