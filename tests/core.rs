@@ -34,6 +34,26 @@ async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool
     }
 }
 
+/// Spawns `acquiring` and returns once it has made its first attempt and
+/// waits: it has been polled once and is still pending.
+async fn spawn_waiting<T: Send + 'static>(
+    acquiring: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        tokio::pin!(acquiring);
+        tokio::select! {
+            biased;
+            _ = &mut acquiring => panic!("acquired while held"),
+            () = std::future::ready(()) => {}
+        }
+        let _ = queued_tx.send(());
+        acquiring.await
+    });
+    queued_rx.await.unwrap();
+    task
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_one_holder_at_a_time_under_contention() {
     let server = RedisServer::start();
@@ -632,23 +652,16 @@ async fn tasks_of_one_process_get_the_lock_in_arrival_order() {
     for id in 0..5 {
         let client = client.clone();
         let order = order.clone();
-        let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
-        tasks.push(tokio::spawn(async move {
-            let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
-            let acquiring = client.lock_with("k", opts);
-            tokio::pin!(acquiring);
-            // Poll once so it joins the line, then say so.
-            tokio::select! {
-                biased;
-                _ = &mut acquiring => panic!("acquired while held"),
-                () = std::future::ready(()) => {}
-            }
-            queued_tx.send(()).unwrap();
-            let guard = acquiring.await.unwrap();
-            order.lock().unwrap().push(id);
-            guard.release().await.unwrap();
-        }));
-        queued_rx.await.unwrap();
+        // Each joins the line before the next one is started.
+        tasks.push(
+            spawn_waiting(async move {
+                let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
+                let guard = client.lock_with("k", opts).await.unwrap();
+                order.lock().unwrap().push(id);
+                guard.release().await.unwrap();
+            })
+            .await,
+        );
     }
     // The holder releases and immediately wants the key again: it goes to
     // the back of the line instead of barging in.
@@ -676,25 +689,16 @@ async fn a_hand_off_in_process_keeps_the_lease_and_renews_it_for_the_next_holder
         .await
         .unwrap();
     let token: String = server.cmd(&["GET", &storage_key("k")]);
-    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
     let waiter = {
         let client = client.clone();
-        tokio::spawn(async move {
+        spawn_waiting(async move {
             let opts = LockOptions::new(Duration::from_secs(60))
                 .wait(Duration::from_secs(20))
                 .fencing(true);
-            let acquiring = client.lock_with("k", opts);
-            tokio::pin!(acquiring);
-            tokio::select! {
-                biased;
-                _ = &mut acquiring => panic!("acquired while held"),
-                () = std::future::ready(()) => {}
-            }
-            queued_tx.send(()).unwrap();
-            acquiring.await
+            client.lock_with("k", opts).await
         })
+        .await
     };
-    queued_rx.await.unwrap();
     let first_fence = held.fencing_token().unwrap();
     assert!(held.release().await.unwrap());
     let next = waiter.await.unwrap().unwrap();
@@ -713,23 +717,14 @@ async fn a_hand_off_without_fencing_costs_no_round_trip_and_is_renewed_for_the_n
     let client = Arc::new(client_for(&server).await);
     let held = client.lock("k", Duration::from_secs(5)).await.unwrap();
     let token: String = server.cmd(&["GET", &storage_key("k")]);
-    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
     let waiter = {
         let client = client.clone();
-        tokio::spawn(async move {
+        spawn_waiting(async move {
             let opts = LockOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(20));
-            let acquiring = client.lock_with("k", opts);
-            tokio::pin!(acquiring);
-            tokio::select! {
-                biased;
-                _ = &mut acquiring => panic!("acquired while held"),
-                () = std::future::ready(()) => {}
-            }
-            queued_tx.send(()).unwrap();
-            acquiring.await
+            client.lock_with("k", opts).await
         })
+        .await
     };
-    queued_rx.await.unwrap();
     assert!(held.release().await.unwrap());
     let next = waiter.await.unwrap().unwrap();
     let now_token: String = server.cmd(&["GET", &storage_key("k")]);
