@@ -227,83 +227,41 @@ async fn min_replicas_succeeds_when_replicated_and_fails_cleanly_when_not() {
 
 #[tokio::test]
 async fn sentinel_and_min_replicas_misconfigurations_are_config_errors() {
-    let kind = |result: Result<LockClient, lock_core::LockError>| result.err().map(|e| e.kind());
-    // Sentinels and a URL at once.
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .url("redis://127.0.0.1:1")
-                .sentinel(["redis://127.0.0.1:2"], "m")
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
-    // No sentinel URL, no service name.
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .sentinel(Vec::<String>::new(), "m")
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .sentinel(["redis://127.0.0.1:2"], "")
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
-    // Primary credentials without Sentinel.
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .url("redis://127.0.0.1:1")
-                .sentinel_primary_credentials("redis://:pw@x/0")
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
-    // WAIT longer than the call that carries it.
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .url("redis://127.0.0.1:1")
-                .operation_timeout(Duration::from_millis(500))
-                .min_replicas(1, Duration::from_millis(500))
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .url("redis://127.0.0.1:1")
-                .min_replicas(0, Duration::from_millis(100))
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
-    // Redlock.
-    assert_eq!(
-        kind(
-            LockClient::builder()
-                .urls([
-                    "redis://127.0.0.1:1",
-                    "redis://127.0.0.1:2",
-                    "redis://127.0.0.1:3"
-                ])
-                .min_replicas(1, Duration::from_millis(100))
-                .build()
-                .await
-        ),
-        Some(ErrorKind::Config)
-    );
+    let misconfigured = [
+        // Sentinels and a URL at once.
+        LockClient::builder()
+            .url("redis://127.0.0.1:1")
+            .sentinel(["redis://127.0.0.1:2"], "m"),
+        // No sentinel URL, no service name.
+        LockClient::builder().sentinel(Vec::<String>::new(), "m"),
+        LockClient::builder().sentinel(["redis://127.0.0.1:2"], ""),
+        // Primary credentials without Sentinel.
+        LockClient::builder()
+            .url("redis://127.0.0.1:1")
+            .sentinel_primary_credentials("redis://:pw@x/0"),
+        // WAIT longer than the call that carries it.
+        LockClient::builder()
+            .url("redis://127.0.0.1:1")
+            .operation_timeout(Duration::from_millis(500))
+            .min_replicas(1, Duration::from_millis(500)),
+        LockClient::builder()
+            .url("redis://127.0.0.1:1")
+            .min_replicas(0, Duration::from_millis(100)),
+        // Redlock.
+        LockClient::builder()
+            .urls([
+                "redis://127.0.0.1:1",
+                "redis://127.0.0.1:2",
+                "redis://127.0.0.1:3",
+            ])
+            .min_replicas(1, Duration::from_millis(100)),
+    ];
+    for (i, builder) in misconfigured.into_iter().enumerate() {
+        let err = builder.build().await.err();
+        assert_eq!(
+            err.as_ref().map(|e| e.kind()),
+            Some(ErrorKind::Config),
+            "case {i}: {err:?}"
+        );
+    }
 }
