@@ -1,5 +1,6 @@
 //! Command-line options.
 
+use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
 use crate::workloads::WorkloadId;
 use std::path::PathBuf;
@@ -20,6 +21,9 @@ OPTIONS:
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
     --w5-locks N      how many locks W5 holds (default 10000)
+    --impls LIST      rows of W1, W2 and W4 to run, comma-separated: floor,
+                      minimum,guard,attribute,rslock (default: all; for
+                      profiling one implementation at a time)
     -h, --help        this text
 
 The bench starts its own redis-server processes on free ports (found through
@@ -38,6 +42,8 @@ pub struct Options {
     pub w5_seconds: Duration,
     /// How many locks W5 holds at once.
     pub w5_locks: usize,
+    /// The rows the throughput workloads (W1, W2, W4) run.
+    pub impls: Vec<Impl>,
 }
 
 /// Arguments of the hidden worker mode (a W3p child process).
@@ -79,6 +85,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         out: default_out_dir(),
         w5_seconds: Duration::from_secs(30),
         w5_locks: 10_000,
+        impls: Impl::ALL.to_vec(),
     };
     let mut worker: Option<WorkerArgs> = None;
     while let Some(arg) = args.next() {
@@ -93,6 +100,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--w5-locks" => options.w5_locks = count(&value("--w5-locks")?)?,
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
+            "--impls" => options.impls = impls(&value("--impls")?)?,
             WORKER_FLAG => {
                 let mode = value(WORKER_FLAG)?;
                 if mode != "w3p" {
@@ -149,23 +157,48 @@ fn count(text: &str) -> BenchResult<usize> {
 
 /// A comma-separated list of workload ids, kept in table order.
 fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
+    pick(
+        text,
+        &WorkloadId::ALL,
+        WorkloadId::parse,
+        "--only",
+        "workload",
+        "W1, W2, W3, W3p, W4, W5 or W6",
+    )
+}
+
+/// A comma-separated list of implementation ids, kept in table order.
+fn impls(text: &str) -> BenchResult<Vec<Impl>> {
+    pick(
+        text,
+        &Impl::ALL,
+        |id| Impl::from_id(&id.to_ascii_lowercase()),
+        "--impls",
+        "implementation",
+        "floor, minimum, guard, attribute or rslock",
+    )
+}
+
+/// The items of `all` named in the comma-separated `text`, in the order of
+/// `all`; an unknown name or an empty list is an error naming `flag`.
+fn pick<T: Copy + PartialEq>(
+    text: &str,
+    all: &[T],
+    parse: impl Fn(&str) -> Option<T>,
+    flag: &str,
+    what: &str,
+    expected: &str,
+) -> BenchResult<Vec<T>> {
     let mut chosen = Vec::new();
     for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let id = WorkloadId::parse(name).ok_or_else(|| {
-            fail(format!(
-                "unknown workload {name:?}; expected W1, W2, W3, W3p, W4, W5 or W6"
-            ))
-        })?;
-        chosen.push(id);
+        let item = parse(name)
+            .ok_or_else(|| fail(format!("unknown {what} {name:?}; expected {expected}")))?;
+        chosen.push(item);
     }
     if chosen.is_empty() {
-        return Err(fail("--only needs at least one workload"));
+        return Err(fail(format!("{flag} needs at least one {what}")));
     }
-    Ok(WorkloadId::ALL
-        .iter()
-        .copied()
-        .filter(|id| chosen.contains(id))
-        .collect())
+    Ok(all.iter().copied().filter(|x| chosen.contains(x)).collect())
 }
 
 /// `target/lock-bench` of the target directory the binary was built into
@@ -207,12 +240,22 @@ mod tests {
     }
 
     #[test]
+    fn impls_keep_table_order() {
+        let Ok(Command::Run(options)) = parse_strs(&["--impls", "guard,Minimum"]) else {
+            panic!("valid arguments");
+        };
+        assert_eq!(options.impls, vec![Impl::Minimum, Impl::Guard]);
+    }
+
+    #[test]
     fn bad_arguments_are_errors() {
         assert!(parse_strs(&["--only", "W9"]).is_err());
         assert!(parse_strs(&["--seconds", "0"]).is_err());
         assert!(parse_strs(&["--seconds"]).is_err());
         assert!(parse_strs(&["--url", "x"]).is_err());
         assert!(parse_strs(&["--frobnicate"]).is_err());
+        assert!(parse_strs(&["--impls", "redlock"]).is_err());
+        assert!(parse_strs(&["--impls", ","]).is_err());
     }
 
     #[test]

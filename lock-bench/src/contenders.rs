@@ -74,17 +74,18 @@ impl Impl {
         }
     }
 
+    /// Every implementation, in table order.
+    pub const ALL: [Impl; 5] = [
+        Impl::Floor,
+        Impl::Minimum,
+        Impl::Guard,
+        Impl::Attribute,
+        Impl::Rslock,
+    ];
+
     /// The implementation whose [`id`](Self::id) is `id`.
     pub fn from_id(id: &str) -> Option<Impl> {
-        [
-            Impl::Floor,
-            Impl::Minimum,
-            Impl::Guard,
-            Impl::Attribute,
-            Impl::Rslock,
-        ]
-        .into_iter()
-        .find(|imp| imp.id() == id)
+        Impl::ALL.into_iter().find(|imp| imp.id() == id)
     }
 }
 
@@ -301,7 +302,12 @@ async fn minimum_cycle(
 /// `Ok(false)` when the release found the lock no longer ours.
 async fn guard_cycle(client: &LockClient, key: &str, section: &Section) -> Result<bool, LockError> {
     let guard = client
-        .lock_with(key, LockOptions::new(TTL).wait(WAIT))
+        .lock_with(
+            key,
+            LockOptions::new(TTL)
+                .wait(WAIT)
+                .renew(std::env::var_os("NORENEW").is_none()),
+        )
         .await?;
     section.run().await;
     guard.release().await

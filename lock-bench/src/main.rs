@@ -119,6 +119,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         hold_addr: servers.hold.as_ref().map(|s| s.addr()),
         w5_seconds: options.w5_seconds,
         w5_locks: options.w5_locks,
+        impls: options.impls.clone(),
     };
     let mut results = Vec::new();
     for id in &options.only {

@@ -38,6 +38,12 @@ pub struct Row {
     pub rss_per_lock: Option<f64>,
     /// Extra time per call over the guard API, percent (W6).
     pub overhead_percent: Option<f64>,
+    /// CPU time of the bench process per cycle, µs (throughput rows): the
+    /// client's cost, steadier than the rate on a shared machine.
+    pub client_cpu_us: Option<f64>,
+    /// CPU time of the redis-server processes per cycle, µs (throughput
+    /// rows).
+    pub server_cpu_us: Option<f64>,
     /// How many operations the figures come from.
     pub samples: u64,
     /// Anything else worth knowing (the first error, a breakdown).
@@ -63,6 +69,8 @@ impl Row {
             rss_per_lock: None,
             overhead_percent: None,
             samples: 0,
+            client_cpu_us: None,
+            server_cpu_us: None,
             note: String::new(),
         }
     }
@@ -171,6 +179,20 @@ impl Report {
                         format!("{} / minimum, cycles/s", imp.label()),
                         div(rate(imp), rate(Impl::Minimum)),
                         Some(Target::AtLeast(0.9)),
+                    );
+                }
+            }
+            if matches!(id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
+                let cpu = |imp| {
+                    w.row(imp)
+                        .and_then(|r| Some(r.client_cpu_us? + r.server_cpu_us?))
+                };
+                for imp in [Impl::Guard, Impl::Attribute] {
+                    push(
+                        id,
+                        format!("minimum / {}, CPU per cycle (client + server)", imp.label()),
+                        div(cpu(Impl::Minimum), cpu(imp)),
+                        None,
                     );
                 }
             }
@@ -363,7 +385,8 @@ impl Report {
         let mut out = String::from(
             "workload,title,params,implementation,label,rate_per_s,rate_unit,p50_us,p99_us,\
              max_us,switches_per_s,per_task_min,per_task_max,overlaps,failed,locks_lost,\
-             cpu_percent,rss_per_lock_bytes,overhead_percent,samples,seconds,note\n",
+             cpu_percent,rss_per_lock_bytes,overhead_percent,client_cpu_us,server_cpu_us,\
+             samples,seconds,note\n",
         );
         for w in &self.workloads {
             for r in &w.rows {
@@ -387,6 +410,8 @@ impl Report {
                     opt(r.cpu_percent),
                     opt(r.rss_per_lock),
                     opt(r.overhead_percent),
+                    opt(r.client_cpu_us),
+                    opt(r.server_cpu_us),
                     r.samples.to_string(),
                     self.seconds.to_string(),
                     csv_text(&r.note),
@@ -438,6 +463,8 @@ impl Report {
                     ("cpu_percent", json_opt(r.cpu_percent)),
                     ("rss_per_lock_bytes", json_opt(r.rss_per_lock)),
                     ("overhead_percent", json_opt(r.overhead_percent)),
+                    ("client_cpu_us", json_opt(r.client_cpu_us)),
+                    ("server_cpu_us", json_opt(r.server_cpu_us)),
                     ("samples", r.samples.to_string()),
                     ("note", json_text(&r.note)),
                 ];
@@ -499,6 +526,13 @@ fn cells(r: &Row) -> Vec<String> {
     }
     if let Some(pct) = r.overhead_percent {
         other.push(format!("overhead {pct:+.2}%"));
+    }
+    if let (Some(client), Some(server)) = (r.client_cpu_us, r.server_cpu_us) {
+        other.push(format!(
+            "cpu/op {} + {} µs",
+            fixed(client, 1),
+            fixed(server, 1)
+        ));
     }
     if !r.note.is_empty() {
         other.push(r.note.clone());

@@ -21,7 +21,10 @@ pub mod w6;
 use crate::contenders::{Impl, Locker, Section};
 use crate::error::{BenchError, BenchResult, fail};
 use crate::report::Row;
+use crate::servers::{connect, info};
 use crate::stats::{Contention, Record, Spread, wall_ns};
+use crate::sysinfo::cpu_time;
+use redis::aio::MultiplexedConnection;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,6 +99,8 @@ pub struct Context {
     pub w5_seconds: Duration,
     /// How many locks W5 holds.
     pub w5_locks: usize,
+    /// The rows [`measure_rows`] runs (others are left out of the table).
+    pub impls: Vec<Impl>,
 }
 
 impl Context {
@@ -128,6 +133,10 @@ pub struct CycleRun {
     pub latencies_ns: Vec<u64>,
     /// The first error, if any.
     pub first_error: Option<String>,
+    /// CPU time of this process meanwhile.
+    pub client_cpu: Duration,
+    /// CPU time of the redis-server processes meanwhile.
+    pub server_cpu: Duration,
 }
 
 impl CycleRun {
@@ -136,6 +145,8 @@ impl CycleRun {
         self.cycles += other.cycles;
         self.failed += other.failed;
         self.elapsed += other.elapsed;
+        self.client_cpu += other.client_cpu;
+        self.server_cpu += other.server_cpu;
         self.latencies_ns.extend(other.latencies_ns);
         if self.first_error.is_none() {
             self.first_error = other.first_error;
@@ -153,6 +164,11 @@ impl CycleRun {
         row.max_us = Some(spread.max_us);
         row.failed = Some(self.failed);
         row.samples = self.cycles;
+        if self.cycles > 0 {
+            let per_cycle = |cpu: Duration| cpu.as_secs_f64() * 1e6 / self.cycles as f64;
+            row.client_cpu_us = Some(per_cycle(self.client_cpu));
+            row.server_cpu_us = Some(per_cycle(self.server_cpu));
+        }
         row.note = self.first_error.unwrap_or_default();
         row
     }
@@ -224,26 +240,49 @@ pub async fn measure_rows(
     urls: &[String],
     names: &[String],
 ) -> BenchResult<Vec<Row>> {
+    let imps: Vec<Impl> = imps
+        .iter()
+        .copied()
+        .filter(|imp| ctx.impls.contains(imp))
+        .collect();
     let mut contenders = Vec::with_capacity(imps.len());
-    for &imp in imps {
+    for &imp in &imps {
         progress(workload, imp);
         let locker = Arc::new(Locker::connect(imp, urls).await?);
         let keys: Vec<String> = names.iter().map(|name| locker.key(name)).collect();
         run_cycles(&locker, &keys, ctx.warmup).await?;
         contenders.push((locker, keys, CycleRun::default()));
     }
+    let mut info_conns = Vec::with_capacity(urls.len());
+    for url in urls {
+        info_conns.push(connect(url).await?);
+    }
     let round = ctx.seconds / ROUNDS;
     let count = contenders.len();
     for r in 0..ROUNDS as usize {
         for i in 0..count {
             let (locker, keys, total) = &mut contenders[(r + i) % count];
-            total.absorb(run_cycles(locker, keys, round).await?);
+            let client_before = cpu_time();
+            let server_before = servers_cpu(&mut info_conns).await;
+            let mut run = run_cycles(locker, keys, round).await?;
+            run.client_cpu = cpu_time()
+                .zip(client_before)
+                .map_or(Duration::ZERO, |(after, before)| {
+                    after.saturating_sub(before)
+                });
+            run.server_cpu = servers_cpu(&mut info_conns)
+                .await
+                .zip(server_before)
+                .map_or(Duration::ZERO, |(after, before)| {
+                    after.saturating_sub(before)
+                });
+            total.absorb(run);
         }
     }
     Ok(contenders
         .into_iter()
         .zip(imps)
-        .map(|((_, _, total), &imp)| {
+        .map(|((_, _, total), imp)| {
             let unit = if imp == Impl::Floor {
                 "round trips"
             } else {
@@ -252,6 +291,19 @@ pub async fn measure_rows(
             total.into_row(imp, unit)
         })
         .collect())
+}
+
+/// The CPU time (user + system) the servers behind `conns` have used so
+/// far, from `INFO cpu`; `None` if one did not say.
+async fn servers_cpu(conns: &mut [MultiplexedConnection]) -> Option<Duration> {
+    let mut total = 0.0;
+    for conn in conns {
+        let fields = info(conn, "cpu").await.ok()?;
+        for name in ["used_cpu_user", "used_cpu_sys"] {
+            total += fields.get(name)?.parse::<f64>().ok()?;
+        }
+    }
+    Some(Duration::from_secs_f64(total))
 }
 
 /// What [`run_contended`] recorded in one process.
