@@ -293,7 +293,8 @@ impl LockClient {
         check_duration("wait", wait, Duration::ZERO).map_err(|e| e.with_key(key))?;
         options.holds.check(ttl).map_err(|e| e.with_key(key))?;
         let holds = options.holds;
-        let storage_key = self.storage_key(key)?;
+        let storage_key = self.shared_storage_key(key)?;
+        let key_at = inner.prefix.len() + 1;
         let fence_key = options.fencing.then(|| fence_key(&storage_key));
         let started = Instant::now();
         let deadline = started + wait;
@@ -345,8 +346,8 @@ impl LockClient {
                     .unwrap_or(now)
                     .max(now);
                 let lease = Lease::new(
-                    key.to_owned(),
                     storage_key.clone(),
+                    key_at,
                     handed.token,
                     None,
                     ttl,
@@ -374,8 +375,8 @@ impl LockClient {
                 };
                 if let Ok(Some(Attempt::Granted { fence })) = taken {
                     let lease = Lease::new(
-                        key.to_owned(),
                         storage_key.clone(),
+                        key_at,
                         handed.token,
                         fence,
                         ttl,
@@ -427,8 +428,8 @@ impl LockClient {
             let last_error = match outcome {
                 Ok(Attempt::Granted { fence }) => {
                     let lease = Lease::new(
-                        key.to_owned(),
                         storage_key.clone(),
+                        key_at,
                         token,
                         fence,
                         ttl,
@@ -515,6 +516,38 @@ impl LockClient {
     /// key inside braces (a hash tag, so the lock and its fence counter share
     /// a Redis Cluster slot).
     pub fn storage_key(&self, key: &str) -> Result<String, LockError> {
+        let len = self.storage_key_len(key)?;
+        let mut out = String::with_capacity(len);
+        out.push_str(&self.inner.prefix);
+        out.push('{');
+        out.push_str(key);
+        out.push('}');
+        Ok(out)
+    }
+
+    /// [`storage_key`](Self::storage_key) as shared text, built in one
+    /// allocation: the lease and the process's line for the key share it.
+    fn shared_storage_key(&self, key: &str) -> Result<Arc<str>, LockError> {
+        const ON_STACK: usize = 256;
+        let len = self.storage_key_len(key)?;
+        if len > ON_STACK {
+            return Ok(Arc::from(self.storage_key(key)?));
+        }
+        let mut buf = [0u8; ON_STACK];
+        let mut at = 0;
+        for part in [self.inner.prefix.as_bytes(), b"{", key.as_bytes(), b"}"] {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        // Whole strings and ASCII braces: always UTF-8.
+        match std::str::from_utf8(&buf[..at]) {
+            Ok(text) => Ok(Arc::from(text)),
+            Err(_) => Ok(Arc::from(self.storage_key(key)?)),
+        }
+    }
+
+    /// The length of the storage key of `key`, or why `key` is not valid.
+    fn storage_key_len(&self, key: &str) -> Result<usize, LockError> {
         if key.is_empty() {
             return Err(
                 LockError::new(ErrorKind::InvalidKey).with_message("a lock key must not be empty")
@@ -526,12 +559,7 @@ impl LockClient {
                 "the key is {len} bytes with its prefix; the limit is {MAX_KEY_LEN}"
             )));
         }
-        let mut out = String::with_capacity(len);
-        out.push_str(&self.inner.prefix);
-        out.push('{');
-        out.push_str(key);
-        out.push('}');
-        Ok(out)
+        Ok(len)
     }
 
     /// The prefix every key this client writes starts with.
@@ -618,7 +646,7 @@ async fn wait_in_line(
 /// instead.
 pub(crate) fn spawn_release(
     inner: Arc<ClientInner>,
-    storage_key: String,
+    storage_key: Arc<str>,
     token: Token,
     keep_for: Option<Duration>,
 ) {
@@ -1280,7 +1308,7 @@ mod tests {
     #[tokio::test]
     async fn zero_ttl_is_a_config_error() {
         let err = LockClient::builder()
-            .url("redis://127.0.0.1:1")
+            .url("redis://127.0.0.1:16999")
             .default_ttl(Duration::ZERO)
             .build()
             .await

@@ -58,8 +58,11 @@ impl Holds {
 /// What a held lock knows about itself; shared by the guard and its
 /// heartbeat.
 pub(crate) struct Lease {
-    pub(crate) key: String,
-    pub(crate) storage_key: String,
+    /// The Redis key: the prefix, then the caller's key in braces. Shared
+    /// with the process's line for the key (one allocation per lock).
+    pub(crate) storage_key: Arc<str>,
+    /// Where the caller's key starts in `storage_key`.
+    key_at: usize,
     pub(crate) token: Token,
     pub(crate) fence: Option<u64>,
     ttl_ms: AtomicU64,
@@ -75,14 +78,16 @@ pub(crate) struct Lease {
     /// `max_hold`: the lease is never trusted past this.
     max_until: Option<Instant>,
     /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
-    /// never land after a newer one and shorten the lease behind our back.
-    pub(crate) renewing: Arc<tokio::sync::Mutex<()>>,
+    /// never land after a newer one and shorten the lease behind our back:
+    /// one permit, inside the lease (no allocation of its own); the
+    /// heartbeat takes it with `try_acquire` and holds it through a round.
+    pub(crate) renewing: tokio::sync::Semaphore,
 }
 
 impl Lease {
     pub(crate) fn new(
-        key: String,
-        storage_key: String,
+        storage_key: Arc<str>,
+        key_at: usize,
         token: Token,
         fence: Option<u64>,
         ttl: Duration,
@@ -93,8 +98,8 @@ impl Lease {
         let max_until = holds.max.map(|max| acquired + max);
         let valid_until = max_until.map_or(valid_until, |max| valid_until.min(max));
         Lease {
-            key,
             storage_key,
+            key_at,
             token,
             fence,
             ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
@@ -104,8 +109,14 @@ impl Lease {
             acquired,
             min_until: holds.min.map(|min| acquired + min),
             max_until,
-            renewing: Arc::new(tokio::sync::Mutex::new(())),
+            renewing: tokio::sync::Semaphore::new(1),
         }
+    }
+
+    /// The key as the caller named it (inside the braces of the storage key).
+    pub(crate) fn key(&self) -> &str {
+        let end = self.storage_key.len().saturating_sub(1);
+        self.storage_key.get(self.key_at..end).unwrap_or_default()
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -157,7 +168,7 @@ impl Lease {
     /// logged.
     pub(crate) fn mark_lost(&self, reason: &'static str) {
         if !self.lost.swap(true, Ordering::AcqRel) {
-            observe::lost(&self.key, reason);
+            observe::lost(self.key(), reason);
             self.lost_notify.notify_waiters();
         }
     }
@@ -241,7 +252,7 @@ impl LockGuard {
 
     /// The key as the caller named it (without the client's prefix).
     pub fn key(&self) -> &str {
-        &self.lease.key
+        self.lease.key()
     }
 
     /// The fencing token, when the lock was taken with fencing: larger for
@@ -307,7 +318,9 @@ impl LockGuard {
             return Err(LockError::lost(self.key()));
         }
         let lease = &self.lease;
-        let _one = lease.renewing.lock().await;
+        // Never closed, so acquiring fails only if that changes: then go
+        // ahead unserialised rather than fail the extension.
+        let _one = lease.renewing.acquire().await.ok();
         let sent = Instant::now();
         let limit = self.client.op_timeout;
         match self
@@ -366,6 +379,10 @@ impl LockGuard {
                 observe::released(self.key(), self.lease.acquired.elapsed(), true);
                 return Ok(true);
             }
+            LetGo::Ended => {
+                self.holds_line = false;
+                false
+            }
             LetGo::Release { spent } => spent,
         };
         let lease = &self.lease;
@@ -390,10 +407,13 @@ impl LockGuard {
         let lease = &self.lease;
         // A lease kept for its min_hold is not handed on: the point is that
         // nobody runs the same work again before it is over.
-        let handed = (!lease.is_lost() && lease.keep_for().is_none()).then(|| HandedLease {
-            token: lease.token.clone(),
-            valid_until: lease.valid_until(),
-        });
+        // Made only when a task waits for it.
+        let handed = || {
+            (!lease.is_lost() && lease.keep_for().is_none()).then(|| HandedLease {
+                token: lease.token.clone(),
+                valid_until: lease.valid_until(),
+            })
+        };
         self.client
             .lines
             .let_go(&lease.storage_key, self.owner, handed, self.client.handoff)
@@ -421,19 +441,29 @@ impl Drop for LockGuard {
         let mut spent = false;
         if !std::mem::replace(&mut self.released, true) {
             let owned = !self.lease.is_lost();
-            match self.let_go() {
-                LetGo::HandedOff => self.holds_line = false,
+            let release = match self.let_go() {
+                LetGo::HandedOff => {
+                    self.holds_line = false;
+                    false
+                }
+                LetGo::Ended => {
+                    self.holds_line = false;
+                    true
+                }
                 LetGo::Release {
                     spent: budget_spent,
                 } => {
                     spent = budget_spent;
-                    spawn_release(
-                        self.client.clone(),
-                        self.lease.storage_key.clone(),
-                        self.lease.token.clone(),
-                        self.lease.keep_for(),
-                    );
+                    true
                 }
+            };
+            if release {
+                spawn_release(
+                    self.client.clone(),
+                    self.lease.storage_key.clone(),
+                    self.lease.token.clone(),
+                    self.lease.keep_for(),
+                );
             }
             observe::released(self.key(), self.lease.acquired.elapsed(), owned);
             self.lease.retire();
@@ -446,7 +476,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.lease.key)
+            .field("key", &self.lease.key())
             .field("fencing_token", &self.lease.fence)
             .field("lost", &self.lease.is_lost())
             .finish()

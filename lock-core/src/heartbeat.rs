@@ -22,11 +22,10 @@
 
 use crate::client::ClientInner;
 use crate::guard::Lease;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedMutexGuard};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The most keys renewed by one script call.
@@ -44,8 +43,7 @@ pub(crate) struct Heartbeat {
 
 #[derive(Default)]
 struct Schedule {
-    leases: HashMap<u64, Entry>,
-    next_id: u64,
+    leases: Slots,
     /// Set while a task runs; the flag is cleared by the task's drop (also
     /// when its runtime shuts down).
     running: Option<Arc<AtomicBool>>,
@@ -62,7 +60,97 @@ struct Entry {
 
 /// A lease's place in the schedule; leaving it is [`Heartbeat::leave`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Enrolment(u64);
+pub(crate) struct Enrolment {
+    index: usize,
+    id: u64,
+}
+
+/// The enrolled leases: a slab (a vector with a free list), so joining and
+/// leaving, once per lock, cost no hashing and, once the vector has grown,
+/// no allocation. Ids are never reused, so a stale [`Enrolment`] finds
+/// nothing.
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    len: usize,
+    next_id: u64,
+}
+
+struct Slot {
+    id: u64,
+    entry: Option<Entry>,
+}
+
+impl Slots {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn insert(&mut self, entry: Entry) -> Enrolment {
+        self.next_id += 1;
+        let id = self.next_id;
+        let slot = Slot {
+            id,
+            entry: Some(entry),
+        };
+        let index = match self.free.pop() {
+            Some(index) => {
+                self.slots[index] = slot;
+                index
+            }
+            None => {
+                self.slots.push(slot);
+                self.slots.len() - 1
+            }
+        };
+        self.len += 1;
+        Enrolment { index, id }
+    }
+
+    fn get_mut(&mut self, at: Enrolment) -> Option<&mut Entry> {
+        self.slots
+            .get_mut(at.index)
+            .filter(|slot| slot.id == at.id)?
+            .entry
+            .as_mut()
+    }
+
+    fn remove(&mut self, at: Enrolment) {
+        let Some(slot) = self.slots.get_mut(at.index).filter(|slot| slot.id == at.id) else {
+            return;
+        };
+        if slot.entry.take().is_some() {
+            self.len -= 1;
+            self.free.push(at.index);
+        }
+        if self.len == 0 && self.slots.len() > 1024 {
+            // Give back what a burst of locks grew.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+        }
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (Enrolment, &mut Entry)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, slot)| {
+                let id = slot.id;
+                slot.entry
+                    .as_mut()
+                    .map(|entry| (Enrolment { index, id }, entry))
+            })
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().filter_map(|slot| slot.entry.as_ref())
+    }
+}
 
 impl Heartbeat {
     /// How many leases are being renewed.
@@ -79,16 +167,11 @@ impl Heartbeat {
         let heartbeat = &client.heartbeat;
         let (id, start, wake) = {
             let mut schedule = heartbeat.lock();
-            let id = schedule.next_id;
-            schedule.next_id += 1;
-            schedule.leases.insert(
-                id,
-                Entry {
-                    lease,
-                    due,
-                    in_flight: false,
-                },
-            );
+            let id = schedule.leases.insert(Entry {
+                lease,
+                due,
+                in_flight: false,
+            });
             let alive = schedule
                 .running
                 .as_ref()
@@ -114,12 +197,12 @@ impl Heartbeat {
         } else if wake {
             heartbeat.wake.notify_one();
         }
-        Enrolment(id)
+        id
     }
 
     /// Stops renewing a lease.
     pub(crate) fn leave(&self, enrolment: Enrolment) {
-        self.lock().leases.remove(&enrolment.0);
+        self.lock().leases.remove(enrolment);
     }
 }
 
@@ -133,13 +216,30 @@ impl Drop for Running {
     }
 }
 
-/// One lease taken into a round, with the renewal lock that keeps `extend`
-/// out while it is in flight.
+/// One lease taken into a round, holding the lease's renewal permit (which
+/// keeps `extend` out while it is in flight) until dropped.
 pub(crate) struct Due {
-    id: u64,
+    id: Enrolment,
     pub(crate) lease: Arc<Lease>,
     pub(crate) ttl: Duration,
-    _renewing: OwnedMutexGuard<()>,
+}
+
+impl Due {
+    /// Takes `lease` into a round, if no renewal of it is under way.
+    fn take(id: Enrolment, lease: &Arc<Lease>, ttl: Duration) -> Option<Due> {
+        lease.renewing.try_acquire().ok()?.forget();
+        Some(Due {
+            id,
+            lease: lease.clone(),
+            ttl,
+        })
+    }
+}
+
+impl Drop for Due {
+    fn drop(&mut self) {
+        self.lease.renewing.add_permits(1);
+    }
 }
 
 async fn run(client: Weak<ClientInner>) {
@@ -193,7 +293,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     let mut round = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
-    for (&id, entry) in schedule.leases.iter_mut() {
+    for (id, entry) in schedule.leases.iter_mut() {
         if entry.in_flight {
             continue;
         }
@@ -207,14 +307,9 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
         if entry.due <= now + ttl / 4 {
             // `extend` holds this lock only for one round trip; a lease
             // being extended joins the next round.
-            if let Ok(renewing) = entry.lease.renewing.clone().try_lock_owned() {
+            if let Some(due) = Due::take(id, &entry.lease, ttl) {
                 entry.in_flight = true;
-                round.push(Due {
-                    id,
-                    lease: entry.lease.clone(),
-                    ttl,
-                    _renewing: renewing,
-                });
+                round.push(due);
                 continue;
             }
         }
@@ -222,7 +317,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
         next = Some(next.map_or(due, |n| n.min(due)));
     }
     for id in expired {
-        schedule.leases.remove(&id);
+        schedule.leases.remove(id);
     }
     (round, next.unwrap_or(now + IDLE))
 }
@@ -268,13 +363,13 @@ async fn renew_round(inner: &ClientInner, round: Vec<Due>) {
         };
         match keep {
             Some(next) => {
-                if let Some(entry) = schedule.leases.get_mut(&due.id) {
+                if let Some(entry) = schedule.leases.get_mut(due.id) {
                     entry.due = next;
                     entry.in_flight = false;
                 }
             }
             None => {
-                schedule.leases.remove(&due.id);
+                schedule.leases.remove(due.id);
             }
         }
     }

@@ -19,7 +19,6 @@
 use crate::guard::Lease;
 use crate::token::Token;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -91,10 +90,43 @@ struct Line {
 }
 
 /// Every key some task of this client holds or is acquiring.
-#[derive(Default)]
 pub(crate) struct Lines {
-    lines: Mutex<HashMap<String, Line>>,
-    owners: AtomicU64,
+    /// The lines, spread over shards by key so that tasks on different keys
+    /// seldom meet on one mutex (or one cache line).
+    shards: Box<[Padded]>,
+    pick: foldhash::fast::RandomState,
+}
+
+/// How many shards [`Lines`] has.
+const SHARDS: usize = 32;
+
+type Map = HashMap<Arc<str>, Line, foldhash::fast::RandomState>;
+
+#[derive(Default)]
+struct Shard {
+    lines: Map,
+    /// The last owner id given out here. A key always maps to the same
+    /// shard, so a key's owner ids never repeat.
+    owners: Owner,
+}
+
+/// A shard on cache lines of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(Mutex<Shard>);
+
+impl Default for Lines {
+    fn default() -> Lines {
+        Lines {
+            shards: (0..SHARDS).map(|_| Padded::default()).collect(),
+            pick: foldhash::fast::RandomState::default(),
+        }
+    }
+}
+
+fn next_owner(owners: &mut Owner) -> Owner {
+    *owners += 1;
+    *owners
 }
 
 /// Where a task stands when it asks for a key.
@@ -116,26 +148,30 @@ pub(crate) enum LetGo {
     /// Release in Redis, then [`Lines::pass`] the turn. `spent`: tasks
     /// wait, but the budget ran out.
     Release { spent: bool },
+    /// Nobody waits (or the line is no longer ours): the line is gone
+    /// already, release in Redis and that is all. A task that comes for the
+    /// key meanwhile goes to Redis and hears the release like any other
+    /// process; this saves the uncontended path a second visit here.
+    Ended,
 }
 
 impl Lines {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
-        self.lines.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn next_owner(&self) -> Owner {
-        self.owners.fetch_add(1, Ordering::Relaxed) + 1
+    /// The shard of `key`, locked.
+    fn lock(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+        let at = (std::hash::BuildHasher::hash_one(&self.pick, key) % SHARDS as u64) as usize;
+        self.shards[at].0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Joins the line for `key`; `queue: false` only looks (a caller that
     /// will not wait), and gets `None` when someone is ahead. A holder whose
     /// lease is lost is no longer ahead of anyone.
-    pub(crate) fn join(&self, key: &str, queue: bool) -> Option<Place> {
-        let mut lines = self.lock();
-        let Some(line) = lines.get_mut(key) else {
-            let owner = self.next_owner();
+    pub(crate) fn join(&self, key: &Arc<str>, queue: bool) -> Option<Place> {
+        let mut shard = self.lock(key);
+        let Shard { lines, owners } = &mut *shard;
+        let Some(line) = lines.get_mut(&**key) else {
+            let owner = next_owner(owners);
             lines.insert(
-                key.to_owned(),
+                key.clone(),
                 Line {
                     owner,
                     holder: None,
@@ -147,7 +183,7 @@ impl Lines {
             return Some(Place::First(owner));
         };
         if line.holder.as_ref().is_some_and(|h| h.is_lost()) {
-            line.owner = self.next_owner();
+            line.owner = next_owner(owners);
             line.holder = None;
             return Some(Place::First(line.owner));
         }
@@ -167,12 +203,13 @@ impl Lines {
     /// Moves a waiter up front when the holder it waited behind (`seen`) lost
     /// its lease and is still first.
     pub(crate) fn overtake(&self, key: &str, seen: Owner) -> Option<Owner> {
-        let mut lines = self.lock();
+        let mut shard = self.lock(key);
+        let Shard { lines, owners } = &mut *shard;
         let line = lines.get_mut(key)?;
         if line.owner != seen {
             return None;
         }
-        line.owner = self.next_owner();
+        line.owner = next_owner(owners);
         line.holder = None;
         Some(line.owner)
     }
@@ -180,7 +217,7 @@ impl Lines {
     /// `owner` holds `lease` now; `from_redis`: it was just taken from Redis
     /// (a new hand-off budget), rather than handed over.
     pub(crate) fn holds(&self, key: &str, owner: Owner, lease: &Arc<Lease>, from_redis: bool) {
-        if let Some(line) = self.lock().get_mut(key)
+        if let Some(line) = self.lock(key).lines.get_mut(key)
             && line.owner == owner
         {
             line.holder = Some(lease.clone());
@@ -196,32 +233,34 @@ impl Lines {
     /// waits, otherwise says to release it.
     ///
     /// After `Release` the caller releases in Redis and then calls
-    /// [`pass`](Self::pass).
+    /// [`pass`](Self::pass); after `Ended`, it only releases.
     pub(crate) fn let_go(
         &self,
         key: &str,
         owner: Owner,
-        lease: Option<HandedLease>,
+        lease: impl FnOnce() -> Option<HandedLease>,
         budget: HandoffBudget,
     ) -> LetGo {
-        let mut lines = self.lock();
+        let mut shard = self.lock(key);
+        let Shard { lines, owners } = &mut *shard;
         let Some(line) = lines.get_mut(key).filter(|line| line.owner == owner) else {
-            return LetGo::Release { spent: false };
+            return LetGo::Ended;
         };
         line.waiting.retain(|w| !w.is_closed());
-        let Some(mut lease) = lease else {
+        if line.waiting.is_empty() {
+            lines.remove(key);
+            return LetGo::Ended;
+        }
+        let Some(mut lease) = lease() else {
             return LetGo::Release { spent: false };
         };
-        if line.waiting.is_empty() {
-            return LetGo::Release { spent: false };
-        }
         let within = line.handoffs < budget.handoffs
             && line.taken.is_some_and(|t| t.elapsed() < budget.hold);
         if !within {
             return LetGo::Release { spent: true };
         }
         while let Some(next) = line.waiting.pop_front() {
-            let owner = self.next_owner();
+            let owner = next_owner(owners);
             match next.send(Baton::Lease(lease, owner)) {
                 Ok(()) => {
                     line.owner = owner;
@@ -231,23 +270,26 @@ impl Lines {
                 }
                 // That waiter gave up; try the one behind it.
                 Err(Baton::Lease(back, _)) => lease = back,
-                Err(Baton::Turn { .. }) => break,
+                Err(Baton::Turn { .. }) => return LetGo::Release { spent: false },
             }
         }
-        LetGo::Release { spent: false }
+        // Every waiter had given up.
+        lines.remove(key);
+        LetGo::Ended
     }
 
     /// `owner` is done with the key (released in Redis, or never acquired):
     /// gives the next task its turn, or ends the line. A task that comes
     /// after a budget ran out waits `after` first.
     pub(crate) fn pass(&self, key: &str, owner: Owner, after: Duration) {
-        let mut lines = self.lock();
+        let mut shard = self.lock(key);
+        let Shard { lines, owners } = &mut *shard;
         let Some(line) = lines.get_mut(key).filter(|line| line.owner == owner) else {
             return;
         };
         line.holder = None;
         while let Some(next) = line.waiting.pop_front() {
-            let owner = self.next_owner();
+            let owner = next_owner(owners);
             if next.send(Baton::Turn { after, owner }).is_ok() {
                 line.owner = owner;
                 return;
@@ -305,14 +347,14 @@ mod tests {
     }
 
     fn first(lines: &Lines) -> Owner {
-        match lines.join("k", true) {
+        match lines.join(&"k".into(), true) {
             Some(Place::First(owner)) => owner,
             _ => panic!("expected to be first"),
         }
     }
 
     fn behind(lines: &Lines) -> oneshot::Receiver<Baton> {
-        match lines.join("k", true) {
+        match lines.join(&"k".into(), true) {
             Some(Place::Behind { baton, .. }) => baton,
             _ => panic!("expected to wait"),
         }
@@ -320,8 +362,8 @@ mod tests {
 
     fn lease() -> Arc<Lease> {
         Arc::new(Lease::new(
-            "k".into(),
-            "k".into(),
+            "{k}".into(),
+            1,
             Token::generate(),
             None,
             Duration::from_secs(10),
@@ -359,7 +401,7 @@ mod tests {
         lines.holds("k", owner, &lease(), true);
         let second = behind(&lines);
         assert!(matches!(
-            lines.let_go("k", owner, Some(handed()), budget),
+            lines.let_go("k", owner, || Some(handed()), budget),
             LetGo::HandedOff
         ));
         let Ok(Baton::Lease(_, owner)) = second.await else {
@@ -369,7 +411,7 @@ mod tests {
         let _third = behind(&lines);
         // One hand-off used: the next let-go releases for real.
         assert!(matches!(
-            lines.let_go("k", owner, Some(handed()), budget),
+            lines.let_go("k", owner, || Some(handed()), budget),
             LetGo::Release { spent: true }
         ));
     }
@@ -382,28 +424,36 @@ mod tests {
         drop(behind(&lines));
         let next = behind(&lines);
         assert!(matches!(
-            lines.let_go("k", owner, Some(handed()), HandoffBudget::default()),
+            lines.let_go("k", owner, || Some(handed()), HandoffBudget::default()),
             LetGo::HandedOff
         ));
         assert!(matches!(next.await, Ok(Baton::Lease(..))));
     }
 
     #[test]
-    fn nobody_waiting_means_release() {
+    fn nobody_waiting_means_release_and_the_line_ends() {
         let lines = Lines::default();
         let owner = first(&lines);
         lines.holds("k", owner, &lease(), true);
         assert!(matches!(
-            lines.let_go("k", owner, Some(handed()), HandoffBudget::default()),
-            LetGo::Release { spent: false }
+            lines.let_go("k", owner, || Some(handed()), HandoffBudget::default()),
+            LetGo::Ended
+        ));
+        // The next comer is first at once, while the release is in flight.
+        assert!(matches!(
+            lines.join(&"k".into(), false),
+            Some(Place::First(_))
         ));
     }
 
     #[test]
     fn a_caller_that_will_not_wait_is_not_queued() {
         let lines = Lines::default();
-        assert!(matches!(lines.join("k", false), Some(Place::First(_))));
-        assert!(lines.join("k", false).is_none());
+        assert!(matches!(
+            lines.join(&"k".into(), false),
+            Some(Place::First(_))
+        ));
+        assert!(lines.join(&"k".into(), false).is_none());
     }
 
     #[test]
@@ -418,11 +468,11 @@ mod tests {
         let _waiter = behind(&lines);
         lines.pass("k", stale, Duration::ZERO);
         assert!(matches!(
-            lines.let_go("k", stale, Some(handed()), HandoffBudget::default()),
-            LetGo::Release { spent: false }
+            lines.let_go("k", stale, || Some(handed()), HandoffBudget::default()),
+            LetGo::Ended
         ));
         assert!(
-            lines.join("k", false).is_none(),
+            lines.join(&"k".into(), false).is_none(),
             "the fresh owner is still first"
         );
         assert_eq!(lines.overtake("k", stale), None);

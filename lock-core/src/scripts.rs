@@ -1,10 +1,75 @@
 //! The Lua scripts that make acquire, renew and release atomic.
 //!
-//! Each is sent with `EVALSHA`; `redis::Script` loads it and retries when the
-//! server answers `NOSCRIPT` (after `SCRIPT FLUSH` or a restart).
+//! Each is sent with `EVALSHA` through [`Eval`], which loads the script and
+//! sends the call again when the server answers `NOSCRIPT` (after `SCRIPT
+//! FLUSH` or a restart). Connections load every script when they open.
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
 use std::sync::LazyLock;
+
+/// One `EVALSHA` call of a script.
+///
+/// Built straight into one command (`redis::ScriptInvocation` collects the
+/// keys and arguments into vectors first and copies them into a command on
+/// every send), since these calls sit on every acquisition and release.
+pub(crate) struct Eval {
+    script: &'static Script,
+    cmd: Cmd,
+    keys_left: usize,
+}
+
+impl Eval {
+    /// A call of `script` with `keys` keys: add exactly that many with
+    /// [`key`](Self::key), then the arguments with [`arg`](Self::arg).
+    pub(crate) fn new(script: &'static Script, keys: usize) -> Eval {
+        let mut cmd = Cmd::with_capacity(3 + 3 * keys, 64 + 64 * keys);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+        Eval {
+            script,
+            cmd,
+            keys_left: keys,
+        }
+    }
+
+    /// The next key (`KEYS[i]`).
+    pub(crate) fn key(&mut self, key: impl ToRedisArgs) -> &mut Eval {
+        debug_assert!(self.keys_left > 0, "more keys than announced");
+        self.keys_left = self.keys_left.saturating_sub(1);
+        self.cmd.arg(key);
+        self
+    }
+
+    /// The next argument (`ARGV[i]`), after every key.
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Eval {
+        debug_assert_eq!(self.keys_left, 0, "an argument before the last key");
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call; on `NOSCRIPT`, loads the script and sends it again.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // Rare (the scripts are loaded when a connection opens):
+                // boxed, so the common path's future stays small.
+                Box::pin(self.reload_and_invoke(conn)).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn reload_and_invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        self.script.load_async(conn).await?;
+        self.cmd.query_async(conn).await
+    }
+}
 
 /// Deletes the key only if it still holds our token, and tells waiters.
 ///

@@ -3,8 +3,8 @@
 use super::{Attempt, ClusterNode, LockKeys, MinReplicas, Node};
 use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::{BATCH, Due};
-use crate::scripts;
-use crate::token::Token;
+use crate::scripts::{self, Eval};
+use crate::token::{TOKEN_BYTES, Token};
 use futures::future::join_all;
 use std::time::Duration;
 
@@ -38,8 +38,13 @@ macro_rules! lock_commands {
                 let (attempt, short) = match keys.fence {
                     None => {
                         self.call(limit, false, |mut conn| {
-                            let mut cmd = redis::cmd("SET");
-                            cmd.arg(keys.lock)
+                            // Sized up front: no regrowth on the hot path.
+                            let mut cmd = redis::Cmd::with_capacity(
+                                6,
+                                32 + keys.lock.len() + 2 * TOKEN_BYTES,
+                            );
+                            cmd.arg("SET")
+                                .arg(keys.lock)
                                 .arg(token)
                                 .arg("NX")
                                 .arg("PX")
@@ -49,7 +54,14 @@ macro_rules! lock_commands {
                                 if ok.is_none() {
                                     return Ok((Attempt::Busy, None));
                                 }
-                                let short = replicate(&mut conn, min, keys.lock, token).await?;
+                                let short = match min {
+                                    None => None,
+                                    // Boxed: rare, and kept out of the common path's future.
+                                    Some(_) => {
+                                        Box::pin(replicate(&mut conn, min, keys.lock, token))
+                                            .await?
+                                    }
+                                };
                                 Ok((Attempt::Granted { fence: None }, short))
                             }
                         })
@@ -57,14 +69,21 @@ macro_rules! lock_commands {
                     }
                     Some(fence_key) => {
                         self.call(limit, false, |mut conn| {
-                            let mut inv = scripts::ACQUIRE_FENCED.key(keys.lock);
-                            inv.key(fence_key).arg(token).arg(ttl_ms);
+                            let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
+                            inv.key(keys.lock).key(fence_key).arg(token).arg(ttl_ms);
                             async move {
-                                let fence: u64 = inv.invoke_async(&mut conn).await?;
+                                let fence: u64 = inv.invoke(&mut conn).await?;
                                 if fence == 0 {
                                     return Ok((Attempt::Busy, None));
                                 }
-                                let short = replicate(&mut conn, min, keys.lock, token).await?;
+                                let short = match min {
+                                    None => None,
+                                    // Boxed: rare, and kept out of the common path's future.
+                                    Some(_) => {
+                                        Box::pin(replicate(&mut conn, min, keys.lock, token))
+                                            .await?
+                                    }
+                                };
                                 Ok((Attempt::Granted { fence: Some(fence) }, short))
                             }
                         })
@@ -96,12 +115,14 @@ macro_rules! lock_commands {
                 let ttl_ms = ttl_millis(ttl);
                 let answer: u64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = scripts::TAKE_OVER.key(keys.lock);
+                        let mut inv =
+                            Eval::new(&scripts::TAKE_OVER, 1 + usize::from(keys.fence.is_some()));
+                        inv.key(keys.lock);
                         if let Some(fence_key) = keys.fence {
                             inv.key(fence_key);
                         }
                         inv.arg(token).arg(ttl_ms);
-                        async move { inv.invoke_async(&mut conn).await }
+                        async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
                 Ok(match (answer, keys.fence) {
@@ -122,9 +143,9 @@ macro_rules! lock_commands {
                 let ttl_ms = ttl_millis(ttl);
                 let renewed: i64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = scripts::RENEW.key(key);
-                        inv.arg(token).arg(ttl_ms);
-                        async move { inv.invoke_async(&mut conn).await }
+                        let mut inv = Eval::new(&scripts::RENEW, 1);
+                        inv.key(key).arg(token).arg(ttl_ms);
+                        async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
                 Ok(renewed == 1)
@@ -139,13 +160,14 @@ macro_rules! lock_commands {
             ) -> Result<Vec<bool>, LockError> {
                 let calls = due.chunks(BATCH).map(|chunk| {
                     self.call(limit, true, move |mut conn| {
-                        let mut inv = scripts::RENEW_MANY.prepare_invoke();
+                        let mut inv = Eval::new(&scripts::RENEW_MANY, chunk.len());
                         for d in chunk {
-                            inv.key(d.lease.storage_key.as_str())
-                                .arg(&d.lease.token)
-                                .arg(ttl_millis(d.ttl));
+                            inv.key(&*d.lease.storage_key);
                         }
-                        async move { inv.invoke_async::<Vec<i64>>(&mut conn).await }
+                        for d in chunk {
+                            inv.arg(&d.lease.token).arg(ttl_millis(d.ttl));
+                        }
+                        async move { inv.invoke::<Vec<i64>>(&mut conn).await }
                     })
                 });
                 let mut renewed = Vec::with_capacity(due.len());
@@ -168,9 +190,9 @@ macro_rules! lock_commands {
             ) -> Result<bool, LockError> {
                 let released: i64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = scripts::RELEASE.key(key);
-                        inv.arg(token);
-                        async move { inv.invoke_async(&mut conn).await }
+                        let mut inv = Eval::new(&scripts::RELEASE, 1);
+                        inv.key(key).arg(token);
+                        async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
                 Ok(released == 1)
@@ -190,9 +212,9 @@ macro_rules! lock_commands {
                 };
                 let lifted: i64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = scripts::LIFT_FENCE.key(keys.lock);
-                        inv.key(fence_key).arg(token).arg(fence);
-                        async move { inv.invoke_async(&mut conn).await }
+                        let mut inv = Eval::new(&scripts::LIFT_FENCE, 2);
+                        inv.key(keys.lock).key(fence_key).arg(token).arg(fence);
+                        async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
                 Ok(lifted == 1)
@@ -251,9 +273,9 @@ async fn replicate<C: redis::aio::ConnectionLike>(
         Ok(acked) => Ok(acked),
         Err(e) => Err(e),
     };
-    let mut release = scripts::RELEASE.key(key);
-    release.arg(token);
-    let released: redis::RedisResult<i64> = release.invoke_async(conn).await;
+    let mut release = Eval::new(&scripts::RELEASE, 1);
+    release.key(key).arg(token);
+    let released: redis::RedisResult<i64> = release.invoke(conn).await;
     match (acked, released) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(e),

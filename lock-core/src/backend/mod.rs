@@ -119,7 +119,7 @@ impl Backend {
                     .collect(),
                 Err(e) => {
                     if let Some(first) = due.first() {
-                        observe::renewal_failed(&first.lease.key, due.len(), &e);
+                        observe::renewal_failed(first.lease.key(), due.len(), &e);
                     }
                     due.iter().map(|_| Renewal::Failed).collect()
                 }
@@ -145,7 +145,7 @@ impl Backend {
                     })
                     .collect();
                 if let Some((first, e, count)) = failed {
-                    observe::renewal_failed(&first.lease.key, count, &e);
+                    observe::renewal_failed(first.lease.key(), count, &e);
                 }
                 answers
             }

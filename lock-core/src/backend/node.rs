@@ -203,9 +203,26 @@ impl Node {
     /// name now (they are asked, and the primary checked to answer `ROLE`
     /// as a primary, within the caller's bound).
     async fn open(&self) -> redis::RedisResult<MultiplexedConnection> {
+        // No response timeout inside the redis crate (its default is
+        // 500 ms): every call is bounded by the caller's limit (the
+        // operation or node timeout) in `Shared::call`, which also replaces
+        // a connection that stopped answering. A second timer per call would
+        // cost time and could cut a call short of the configured bound.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
         match &self.target {
-            Target::Direct(client) => client.get_multiplexed_async_connection().await,
-            Target::Sentinel(target) => target.client()?.get_async_connection().await,
+            Target::Direct(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+            }
+            Target::Sentinel(target) => {
+                target
+                    .client()?
+                    .get_async_connection_with_config(&config)
+                    .await
+            }
         }
     }
 

@@ -206,7 +206,7 @@ impl Quorum {
         if failed > most_not_ours
             && let (Some(first), Some(Err(e))) = (due.first(), answers.iter().find(|a| a.is_err()))
         {
-            observe::renewal_failed(&first.lease.key, due.len(), e);
+            observe::renewal_failed(first.lease.key(), due.len(), e);
         }
         (0..due.len())
             .map(|i| {

@@ -8,26 +8,28 @@
 //! runtime instead of failing.
 
 use crate::error::{ErrorKind, LockError, TimedOut, from_redis};
+use arc_swap::ArcSwapOption;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 pub(crate) struct Shared<C> {
     connect_timeout: Duration,
-    current: Mutex<Option<Live<C>>>,
+    /// Read by every call of every task: lock-free, so busy clients do not
+    /// contend for it.
+    current: ArcSwapOption<Live<C>>,
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
 }
 
-#[derive(Clone)]
 pub(crate) struct Live<C> {
     pub(crate) conn: C,
     /// Cleared when the runtime driving `conn` shuts down.
     driver_alive: Arc<AtomicBool>,
-    /// Dropping the last clone ends the watch task spawned next to the driver.
-    _retire: Arc<oneshot::Sender<()>>,
+    /// Dropping it ends the watch task spawned next to the driver.
+    _retire: oneshot::Sender<()>,
     generation: u64,
 }
 
@@ -54,38 +56,42 @@ impl<C: Clone> Shared<C> {
     pub(crate) fn new(connect_timeout: Duration) -> Shared<C> {
         Shared {
             connect_timeout,
-            current: Mutex::new(None),
+            current: ArcSwapOption::empty(),
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
         }
     }
 
-    fn cached(&self) -> Option<Live<C>> {
-        let guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
+    /// The connection (a clone, for one call) and its generation, unless
+    /// there is none or its runtime has shut down.
+    fn cached(&self) -> Option<(C, u64)> {
+        let guard = self.current.load();
         guard
             .as_ref()
             .filter(|live| live.driver_alive.load(Ordering::Acquire))
-            .cloned()
+            .map(|live| (live.conn.clone(), live.generation))
     }
 
     /// Forgets the connection of `generation` so the next call reconnects.
     fn retire(&self, generation: u64) {
-        let mut guard = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_some_and(|l| l.generation == generation) {
-            *guard = None;
-        }
+        self.current.rcu(|current| match current {
+            Some(live) if live.generation == generation => None,
+            other => other.clone(),
+        });
     }
 
-    /// The shared connection, opened with `open` (bounded by the connect
-    /// timeout) when there is none.
-    async fn connection<O, OFut>(&self, addr: &str, open: &O) -> Result<Live<C>, LockError>
+    /// Opens the shared connection with `open` (bounded by the connect
+    /// timeout), unless another call has just done so.
+    ///
+    /// Only [`call`](Self::call)'s slow path, which boxes it: a connection
+    /// setup future is several kilobytes, and inline it would make every
+    /// call's future (and the acquire and release futures around it) that
+    /// large, and copied at every await.
+    async fn reconnect<O, OFut>(&self, addr: &str, open: &O) -> Result<(C, u64), LockError>
     where
         O: Fn() -> OFut,
         OFut: Future<Output = Result<C, LockError>>,
     {
-        if let Some(live) = self.cached() {
-            return Ok(live);
-        }
         // One reconnect at a time; the others wait for it and reuse it.
         let _one = self.connecting.lock().await;
         if let Some(live) = self.cached() {
@@ -108,14 +114,14 @@ impl<C: Clone> Shared<C> {
             let _watch = watch;
             let _ = retire_rx.await;
         });
-        let live = Live {
-            conn,
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.current.store(Some(Arc::new(Live {
+            conn: conn.clone(),
             driver_alive,
-            _retire: Arc::new(retire_tx),
-            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
-        };
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
-        Ok(live)
+            _retire: retire_tx,
+            generation,
+        })));
+        Ok((conn, generation))
     }
 
     /// Runs one call `f` on the shared connection, bounded by `limit` in all
@@ -145,13 +151,16 @@ impl<C: Clone> Shared<C> {
         let attempt = async {
             let mut retried = false;
             loop {
-                let live = self.connection(addr, &open).await?;
-                match f(live.conn.clone()).await {
+                let (conn, generation) = match self.cached() {
+                    Some(live) => live,
+                    None => Box::pin(self.reconnect(addr, &open)).await?,
+                };
+                match f(conn).await {
                     Ok(value) => return Ok(value),
                     Err(e) => match failure(e) {
                         Failure::Answer(err) => return Err(err),
                         Failure::Replace(err) => {
-                            self.retire(live.generation);
+                            self.retire(generation);
                             if retry_on_drop && !retried {
                                 retried = true;
                                 continue;
