@@ -275,7 +275,7 @@ impl LockClient {
             &span,
             result.as_ref().map(drop),
             attempts.load(Ordering::Relaxed),
-            started.elapsed(),
+            started,
         );
         result
     }

@@ -368,7 +368,7 @@ impl LockGuard {
             };
             lease.retire();
             if let Ok(owned) = result {
-                observe::released(self.key(), lease.acquired.elapsed(), owned);
+                observe::released(self.key(), lease.acquired, owned);
             }
             self.pass_line(false);
             return result.map_err(|e| e.with_key(self.key()));
@@ -376,7 +376,7 @@ impl LockGuard {
         let spent = match self.let_go() {
             LetGo::HandedOff => {
                 self.holds_line = false;
-                observe::released(self.key(), self.lease.acquired.elapsed(), true);
+                observe::released(self.key(), self.lease.acquired, true);
                 return Ok(true);
             }
             LetGo::Ended => {
@@ -393,7 +393,7 @@ impl LockGuard {
             .await;
         lease.retire();
         if let Ok(owned) = result {
-            observe::released(self.key(), lease.acquired.elapsed(), owned);
+            observe::released(self.key(), lease.acquired, owned);
         }
         // After the release: the next task of this process finds the key
         // free in Redis (unless another process was quicker).
@@ -465,7 +465,7 @@ impl Drop for LockGuard {
                     self.lease.keep_for(),
                 );
             }
-            observe::released(self.key(), self.lease.acquired.elapsed(), owned);
+            observe::released(self.key(), self.lease.acquired, owned);
             self.lease.retire();
         }
         // Also when `release` was cancelled mid-way.

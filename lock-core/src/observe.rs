@@ -20,14 +20,20 @@
 
 use crate::error::{ErrorKind, LockError};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How an acquisition ended, for the span and the counters.
 pub(crate) fn acquisition(
     span: &tracing::Span,
     result: Result<(), &LockError>,
     attempts: u32,
-    waited: Duration,
+    started: Instant,
 ) {
+    // The clock is read only when something will use the figure.
+    if span.is_disabled() && !cfg!(feature = "metrics") {
+        return;
+    }
+    let waited = started.elapsed();
     let outcome = match result {
         Ok(()) => "acquired",
         Err(e) => match e.kind() {
@@ -79,12 +85,18 @@ pub(crate) fn lost(key: &str, reason: &'static str) {
 }
 
 /// A lock let go of after `held`; `owned`: it was still ours.
-pub(crate) fn released(key: &str, held: Duration, owned: bool) {
-    tracing::debug!(key, held_ms = millis(held), owned, "lock released");
+pub(crate) fn released(key: &str, acquired: Instant, owned: bool) {
+    // Field values are computed only when the event is enabled.
+    tracing::debug!(
+        key,
+        held_ms = millis(acquired.elapsed()),
+        owned,
+        "lock released"
+    );
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("lock_core_released_total").increment(1);
-        metrics::histogram!("lock_core_hold_seconds").record(held.as_secs_f64());
+        metrics::histogram!("lock_core_hold_seconds").record(acquired.elapsed().as_secs_f64());
     }
 }
 
