@@ -222,8 +222,10 @@ async fn cycle_task(locker: &Locker, key: &str, deadline: Instant) -> CycleRun {
     }
 }
 
-/// Rounds each throughput row is split into; see [`measure_rows`].
-pub const ROUNDS: u32 = 5;
+/// Rounds each throughput row is split into; see [`measure_rows`]. Many
+/// short rounds: this machine's speed drifts over seconds, and the finer the
+/// interleaving, the less of that drift lands on one row.
+pub const ROUNDS: u32 = 20;
 
 /// Measures one throughput row per implementation of `imps`, one task per
 /// lock name in `names`.
