@@ -148,10 +148,8 @@ pub(crate) enum LetGo {
     /// Release in Redis, then [`Lines::pass`] the turn. `spent`: tasks
     /// wait, but the budget ran out.
     Release { spent: bool },
-    /// Nobody waits (or the line is no longer ours): the line is gone
-    /// already, release in Redis and that is all. A task that comes for the
-    /// key meanwhile goes to Redis and hears the release like any other
-    /// process; this saves the uncontended path a second visit here.
+    /// The line is no longer ours (our lease was lost and another task
+    /// moved up): release in Redis, there is nothing to pass.
     Ended,
 }
 
@@ -247,9 +245,14 @@ impl Lines {
             return LetGo::Ended;
         };
         line.waiting.retain(|w| !w.is_closed());
+        // With nobody waiting the line still stays until `pass`, after the
+        // release: a task of this process that comes meanwhile queues and
+        // goes to Redis once the key is free, at the same time as the other
+        // processes' waiters hear of it. Were the line gone, its SET would
+        // follow the release on the same connection and win every time:
+        // the releasing process barging back in.
         if line.waiting.is_empty() {
-            lines.remove(key);
-            return LetGo::Ended;
+            return LetGo::Release { spent: false };
         }
         let Some(mut lease) = lease() else {
             return LetGo::Release { spent: false };
@@ -274,8 +277,7 @@ impl Lines {
             }
         }
         // Every waiter had given up.
-        lines.remove(key);
-        LetGo::Ended
+        LetGo::Release { spent: false }
     }
 
     /// `owner` is done with the key (released in Redis, or never acquired):
@@ -431,15 +433,17 @@ mod tests {
     }
 
     #[test]
-    fn nobody_waiting_means_release_and_the_line_ends() {
+    fn nobody_waiting_means_release_and_the_line_stays_until_passed() {
         let lines = Lines::default();
         let owner = first(&lines);
         lines.holds("k", owner, &lease(), true);
         assert!(matches!(
             lines.let_go("k", owner, || Some(handed()), HandoffBudget::default()),
-            LetGo::Ended
+            LetGo::Release { spent: false }
         ));
-        // The next comer is first at once, while the release is in flight.
+        // While the release is in flight, a newcomer waits its turn.
+        assert!(lines.join(&"k".into(), false).is_none());
+        lines.pass("k", owner, Duration::ZERO);
         assert!(matches!(
             lines.join(&"k".into(), false),
             Some(Place::First(_))
