@@ -640,6 +640,19 @@ async fn a_waiter_in_another_process_hears_the_release_at_once() {
         took < Duration::from_millis(500),
         "took {took:?} after the release"
     );
+    // Done waiting, it unsubscribes at once: Redis tells subscribers in the
+    // order they subscribed, and a process that stayed subscribed would
+    // hear every later release first and win the race for it.
+    eventually(
+        Duration::from_secs(2),
+        "the waiter unsubscribes once it has the lock",
+        || {
+            let subscribers: Vec<redis::Value> =
+                server.cmd(&["PUBSUB", "NUMSUB", &storage_key("k")]);
+            matches!(subscribers.get(1), Some(redis::Value::Int(0)))
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

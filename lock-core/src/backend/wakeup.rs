@@ -10,7 +10,15 @@
 //! waiter of the client and demultiplexed in-process: a waiter costs a map
 //! entry, not a connection. The hub's task handles subscriptions one at a
 //! time, so a subscribe and an unsubscribe of the same channel can never
-//! overtake each other, and drops channels nobody has waited on for a while.
+//! overtake each other.
+//!
+//! A client unsubscribes as soon as its last waiter for a key is done. That
+//! keeps the waiting processes fair to each other: Redis delivers a
+//! release to a channel's subscribers in the order they subscribed, so the
+//! process that has waited longest hears it first and usually wins the
+//! next `SET NX`. A subscription kept after its waiter left would put that
+//! process first in every later race. A sweep also drops channels nobody
+//! waits on, should an unsubscribe have been lost with a connection.
 
 use futures::StreamExt;
 use futures::future::join_all;
@@ -59,6 +67,9 @@ pub(crate) struct Subscription {
     channel: Arc<Channel>,
     name: String,
     channels: Arc<Channels>,
+    /// The hubs asked to subscribe, told to unsubscribe when the last
+    /// waiter of the channel is done.
+    hubs: Vec<mpsc::UnboundedSender<Request>>,
 }
 
 impl Subscription {
@@ -77,9 +88,15 @@ impl Drop for Subscription {
                 .get(&self.name)
                 .is_some_and(|c| Arc::ptr_eq(c, &self.channel))
         {
-            // The last waiter: forget the channel (a hub unsubscribes from
-            // it at its next sweep).
+            // The last waiter: forget the channel and unsubscribe. Sent
+            // under the map's lock, so a waiter that comes next queues its
+            // subscribe behind this.
             map.remove(&self.name);
+            for hub in &self.hubs {
+                let _ = hub.send(Request::Unsubscribe {
+                    channel: self.name.clone(),
+                });
+            }
         }
     }
 }
@@ -92,13 +109,19 @@ struct Hub {
 
 #[derive(Clone)]
 struct HubHandle {
-    requests: mpsc::UnboundedSender<Subscribe>,
+    requests: mpsc::UnboundedSender<Request>,
     alive: Arc<AtomicBool>,
 }
 
-struct Subscribe {
-    channel: String,
-    done: oneshot::Sender<bool>,
+/// What a hub is asked to do, in order.
+enum Request {
+    /// Subscribe (unless subscribed already) and say whether it worked.
+    Subscribe {
+        channel: String,
+        done: oneshot::Sender<bool>,
+    },
+    /// The client's last waiter for `channel` is done.
+    Unsubscribe { channel: String },
 }
 
 impl Wakeups {
@@ -143,19 +166,22 @@ impl Wakeups {
             entry.waiters.fetch_add(1, Ordering::AcqRel);
             entry
         };
+        let handles: Vec<HubHandle> = self
+            .hubs
+            .iter()
+            .filter_map(|hub| hub.handle(&self.channels))
+            .collect();
         let subscription = Subscription {
             channel: entry,
             name: channel.to_owned(),
             channels: self.channels.clone(),
+            hubs: handles.iter().map(|h| h.requests.clone()).collect(),
         };
         if self.hubs.is_empty() {
             // In-process locks: releases notify the channels directly.
             return Some(subscription);
         }
-        let confirmations = self
-            .hubs
-            .iter()
-            .map(|hub| hub.subscribe(&self.channels, channel));
+        let confirmations = handles.iter().map(|handle| handle.subscribe(channel));
         let confirmed = tokio::time::timeout(limit, join_all(confirmations))
             .await
             .is_ok_and(|answers| answers.into_iter().any(|ok| ok));
@@ -163,22 +189,21 @@ impl Wakeups {
     }
 }
 
-impl Hub {
-    async fn subscribe(&self, channels: &Arc<Channels>, channel: &str) -> bool {
-        let Some(handle) = self.handle(channels) else {
-            return false;
-        };
+impl HubHandle {
+    async fn subscribe(&self, channel: &str) -> bool {
         let (done, answer) = oneshot::channel();
-        let request = Subscribe {
+        let request = Request::Subscribe {
             channel: channel.to_owned(),
             done,
         };
-        if handle.requests.send(request).is_err() {
+        if self.requests.send(request).is_err() {
             return false;
         }
         answer.await.unwrap_or(false)
     }
+}
 
+impl Hub {
     /// The running hub task, started on the current runtime if none runs.
     fn handle(&self, channels: &Arc<Channels>) -> Option<HubHandle> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
@@ -221,7 +246,7 @@ impl Drop for Alive {
 async fn serve(
     client: redis::Client,
     channels: std::sync::Weak<Channels>,
-    mut inbox: mpsc::UnboundedReceiver<Subscribe>,
+    mut inbox: mpsc::UnboundedReceiver<Request>,
 ) {
     let Ok(Ok(pubsub)) =
         tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub()).await
@@ -235,8 +260,19 @@ async fn serve(
     loop {
         tokio::select! {
             request = inbox.recv() => {
-                let Some(Subscribe { channel, done }) = request else {
-                    return;
+                let (channel, done) = match request {
+                    None => return,
+                    Some(Request::Subscribe { channel, done }) => (channel, done),
+                    Some(Request::Unsubscribe { channel }) => {
+                        if subscribed.remove(&channel) {
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(2),
+                                sink.unsubscribe(&channel),
+                            )
+                            .await;
+                        }
+                        continue;
+                    }
                 };
                 let ok = subscribed.contains(&channel)
                     || matches!(
