@@ -164,7 +164,8 @@ impl CycleRun {
         row.max_us = Some(spread.max_us);
         row.failed = Some(self.failed);
         row.samples = self.cycles;
-        if self.cycles > 0 {
+        // Only rows measured by `measure_rows` have CPU figures.
+        if self.cycles > 0 && !(self.client_cpu.is_zero() && self.server_cpu.is_zero()) {
             let per_cycle = |cpu: Duration| cpu.as_secs_f64() * 1e6 / self.cycles as f64;
             row.client_cpu_us = Some(per_cycle(self.client_cpu));
             row.server_cpu_us = Some(per_cycle(self.server_cpu));
