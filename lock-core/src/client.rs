@@ -698,7 +698,7 @@ fn check_duration(what: &str, value: Duration, min: Duration) -> Result<(), Lock
 /// | [`operation_timeout`](Self::operation_timeout) | 2 s |
 /// | [`connect_timeout`](Self::connect_timeout) | 5 s |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 200 ms, full jitter |
-/// | [`handoff_budget`](Self::handoff_budget) | 1000 hand-offs within 10 ms |
+/// | [`handoff_budget`](Self::handoff_budget) | 250 hand-offs within 10 ms |
 /// | [`min_replicas`](Self::min_replicas) | off |
 ///
 /// Where the locks live is chosen by exactly one of: [`url`](Self::url)
@@ -956,7 +956,7 @@ impl LockClientBuilder {
     }
 
     /// How long the tasks of this process may pass a lease among themselves
-    /// before it is released to other processes (default: 1000 hand-offs
+    /// before it is released to other processes (default: 250 hand-offs
     /// within 10 ms). [`HandoffBudget::NONE`] turns hand-off off; the tasks
     /// of a process still queue in order.
     pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {

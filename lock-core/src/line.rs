@@ -44,10 +44,10 @@ impl HandoffBudget {
 }
 
 impl Default for HandoffBudget {
-    /// Up to 1000 hand-offs within 10 ms.
+    /// Up to 250 hand-offs within 10 ms.
     fn default() -> HandoffBudget {
         HandoffBudget {
-            handoffs: 1000,
+            handoffs: 250,
             hold: Duration::from_millis(10),
         }
     }
