@@ -54,14 +54,7 @@ macro_rules! lock_commands {
                                 if ok.is_none() {
                                     return Ok((Attempt::Busy, None));
                                 }
-                                let short = match min {
-                                    None => None,
-                                    // Boxed: rare, and kept out of the common path's future.
-                                    Some(_) => {
-                                        Box::pin(replicate(&mut conn, min, keys.lock, token))
-                                            .await?
-                                    }
-                                };
+                                let short = replicate(&mut conn, min, keys.lock, token).await?;
                                 Ok((Attempt::Granted { fence: None }, short))
                             }
                         })
@@ -76,14 +69,7 @@ macro_rules! lock_commands {
                                 if fence == 0 {
                                     return Ok((Attempt::Busy, None));
                                 }
-                                let short = match min {
-                                    None => None,
-                                    // Boxed: rare, and kept out of the common path's future.
-                                    Some(_) => {
-                                        Box::pin(replicate(&mut conn, min, keys.lock, token))
-                                            .await?
-                                    }
-                                };
+                                let short = replicate(&mut conn, min, keys.lock, token).await?;
                                 Ok((Attempt::Granted { fence: Some(fence) }, short))
                             }
                         })
@@ -260,9 +246,20 @@ async fn replicate<C: redis::aio::ConnectionLike>(
     key: &str,
     token: &Token,
 ) -> redis::RedisResult<Option<i64>> {
-    let Some(min) = min else {
-        return Ok(None);
-    };
+    match min {
+        None => Ok(None),
+        // Boxed: rare, and kept out of the acquisition's future.
+        Some(min) => Box::pin(wait_for_replicas(conn, min, key, token)).await,
+    }
+}
+
+/// [`replicate`] once `min_replicas` is set.
+async fn wait_for_replicas<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    min: MinReplicas,
+    key: &str,
+    token: &Token,
+) -> redis::RedisResult<Option<i64>> {
     let waited: redis::RedisResult<i64> = redis::cmd("WAIT")
         .arg(min.replicas)
         .arg(ttl_millis(min.timeout))
