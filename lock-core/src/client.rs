@@ -525,25 +525,10 @@ impl LockClient {
         Ok(out)
     }
 
-    /// [`storage_key`](Self::storage_key) as shared text, built in one
-    /// allocation: the lease and the process's line for the key share it.
+    /// [`storage_key`](Self::storage_key) as shared text: the lease and the
+    /// process's line for the key share it.
     fn shared_storage_key(&self, key: &str) -> Result<Arc<str>, LockError> {
-        const ON_STACK: usize = 256;
-        let len = self.storage_key_len(key)?;
-        if len > ON_STACK {
-            return Ok(Arc::from(self.storage_key(key)?));
-        }
-        let mut buf = [0u8; ON_STACK];
-        let mut at = 0;
-        for part in [self.inner.prefix.as_bytes(), b"{", key.as_bytes(), b"}"] {
-            buf[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        // Whole strings and ASCII braces: always UTF-8.
-        match std::str::from_utf8(&buf[..at]) {
-            Ok(text) => Ok(Arc::from(text)),
-            Err(_) => Ok(Arc::from(self.storage_key(key)?)),
-        }
+        self.storage_key(key).map(Arc::from)
     }
 
     /// The length of the storage key of `key`, or why `key` is not valid.
@@ -1070,6 +1055,31 @@ impl LockClientBuilder {
         )
     }
 
+    /// The checks every kind of deployment shares: durations in range and
+    /// a prefix that leaves room for keys.
+    fn check_common(&self) -> Result<(), LockError> {
+        check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
+        check_duration("default_wait", self.default_wait, Duration::ZERO)?;
+        check_duration(
+            "operation_timeout",
+            self.op_timeout,
+            Duration::from_millis(1),
+        )?;
+        check_duration(
+            "connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(1),
+        )?;
+        if self.prefix.len() > MAX_KEY_LEN / 2 {
+            return Err(LockError::config(format!(
+                "key prefix is {} bytes; keep it under {}",
+                self.prefix.len(),
+                MAX_KEY_LEN / 2
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the configuration, connects and proves the server answers.
     ///
     /// Errors: [`ErrorKind::Config`] for invalid settings or URL,
@@ -1137,25 +1147,7 @@ impl LockClientBuilder {
                 )));
             }
         }
-        check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
-        check_duration("default_wait", self.default_wait, Duration::ZERO)?;
-        check_duration(
-            "operation_timeout",
-            self.op_timeout,
-            Duration::from_millis(1),
-        )?;
-        check_duration(
-            "connect_timeout",
-            self.connect_timeout,
-            Duration::from_millis(1),
-        )?;
-        if self.prefix.len() > MAX_KEY_LEN / 2 {
-            return Err(LockError::config(format!(
-                "key prefix is {} bytes; keep it under {}",
-                self.prefix.len(),
-                MAX_KEY_LEN / 2
-            )));
-        }
+        self.check_common()?;
         if let Some(timeout) = self.node_timeout {
             check_duration("node_timeout", timeout, Duration::from_millis(1))?;
         }
@@ -1238,25 +1230,7 @@ impl LockClientBuilder {
                 "TLS certificates were configured, but TLS is not supported with a Redis Cluster",
             ));
         }
-        check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
-        check_duration("default_wait", self.default_wait, Duration::ZERO)?;
-        check_duration(
-            "operation_timeout",
-            self.op_timeout,
-            Duration::from_millis(1),
-        )?;
-        check_duration(
-            "connect_timeout",
-            self.connect_timeout,
-            Duration::from_millis(1),
-        )?;
-        if self.prefix.len() > MAX_KEY_LEN / 2 {
-            return Err(LockError::config(format!(
-                "key prefix is {} bytes; keep it under {}",
-                self.prefix.len(),
-                MAX_KEY_LEN / 2
-            )));
-        }
+        self.check_common()?;
         let node = ClusterNode::new(&urls, self.connect_timeout, self.op_timeout)?;
         let shown = node.addr().to_owned();
         let ping_limit = self.connect_timeout.max(self.op_timeout);
