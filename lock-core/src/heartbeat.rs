@@ -73,7 +73,6 @@ pub(crate) struct Enrolment {
 struct Slots {
     slots: Vec<Slot>,
     free: Vec<usize>,
-    len: usize,
     next_id: u64,
 }
 
@@ -83,12 +82,13 @@ struct Slot {
 }
 
 impl Slots {
+    /// Every slot not on the free list holds an entry.
     fn len(&self) -> usize {
-        self.len
+        self.slots.len() - self.free.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     fn insert(&mut self, entry: Entry) -> Enrolment {
@@ -108,7 +108,6 @@ impl Slots {
                 self.slots.len() - 1
             }
         };
-        self.len += 1;
         Enrolment { index, id }
     }
 
@@ -125,10 +124,9 @@ impl Slots {
             return;
         };
         if slot.entry.take().is_some() {
-            self.len -= 1;
             self.free.push(at.index);
         }
-        if self.len == 0 && self.slots.len() > 1024 {
+        if self.is_empty() && self.slots.len() > 1024 {
             // Give back what a burst of locks grew.
             self.slots = Vec::new();
             self.free = Vec::new();
