@@ -8,6 +8,7 @@ mod node;
 mod quorum;
 mod shared;
 mod wakeup;
+mod wire;
 
 pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;

@@ -2,17 +2,19 @@
 //! bound on every call.
 
 use super::shared::{self, Failure, Shared};
+use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
 use futures::future::join_all;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
 use std::time::Duration;
 
 /// A Redis server and the one connection all locks share to it.
 ///
-/// The connection is a `MultiplexedConnection`: many concurrent commands are
-/// pipelined over one socket. It is replaced as [`Shared`] says: when it
-/// breaks, times out, or its runtime has shut down.
+/// Many concurrent commands are pipelined over the connection's one socket.
+/// It is replaced as [`Shared`] says: when it breaks, times out, or its
+/// runtime has shut down.
 ///
 /// A node may also stand for "whichever server the Sentinels name primary"
 /// ([`Node::sentinel`]): every (re)connection then asks the Sentinels first,
@@ -25,7 +27,44 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// `WAIT n timeout` after each acquisition, when set.
     pub(crate) min_replicas: Option<MinReplicas>,
-    shared: Shared<MultiplexedConnection>,
+    shared: Shared<Conn>,
+}
+
+/// A connection to a node's server.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// lock-core's own, for plain TCP (see `wire.rs`): the common case.
+    Wire(Wire),
+    /// The `redis` crate's, for TLS, Unix sockets, RESP3 and Sentinel.
+    Multiplexed(MultiplexedConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Wire(conn) => conn.req_packed_command(cmd),
+            Conn::Multiplexed(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Wire(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Multiplexed(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Wire(conn) => conn.get_db(),
+            Conn::Multiplexed(conn) => conn.get_db(),
+        }
+    }
 }
 
 /// Where a node's connections go.
@@ -202,7 +241,7 @@ impl Node {
     /// A new connection: to the server, or to the primary the Sentinels
     /// name now (they are asked, and the primary checked to answer `ROLE`
     /// as a primary, within the caller's bound).
-    async fn open(&self) -> redis::RedisResult<MultiplexedConnection> {
+    async fn open(&self) -> redis::RedisResult<Conn> {
         // No response timeout inside the redis crate (its default is
         // 500 ms): every call is bounded by the caller's limit (the
         // operation or node timeout) in `Shared::call`, which also replaces
@@ -213,16 +252,23 @@ impl Node {
             .set_response_timeout(None);
         match &self.target {
             Target::Direct(client) => {
+                let info = client.get_connection_info();
+                let settings = info.redis_settings();
+                if let redis::ConnectionAddr::Tcp(host, port) = info.addr()
+                    && settings.protocol() == redis::ProtocolVersion::RESP2
+                {
+                    return Ok(Conn::Wire(Wire::connect(host, *port, settings).await?));
+                }
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
+                    .map(Conn::Multiplexed)
             }
-            Target::Sentinel(target) => {
-                target
-                    .client()?
-                    .get_async_connection_with_config(&config)
-                    .await
-            }
+            Target::Sentinel(target) => target
+                .client()?
+                .get_async_connection_with_config(&config)
+                .await
+                .map(Conn::Multiplexed),
         }
     }
 
@@ -234,7 +280,7 @@ impl Node {
     /// A connection with the scripts loaded, bounded as a whole by the
     /// caller: with Sentinel, the lookup of the primary, its role check and
     /// the connection to it.
-    async fn open_loaded(&self) -> Result<MultiplexedConnection, LockError> {
+    async fn open_loaded(&self) -> Result<Conn, LockError> {
         let conn = self
             .open()
             .await
@@ -263,7 +309,7 @@ impl Node {
         f: F,
     ) -> Result<T, LockError>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let failure = |e: redis::RedisError| {

@@ -1,0 +1,793 @@
+//! lock-core's own connection to one Redis server over plain TCP.
+//!
+//! A lock cycle is two round trips, so what a round trip costs the client
+//! is most of what a lock costs. The `redis` crate's multiplexed connection
+//! sends each command through a channel to a driver task, which writes it,
+//! reads the reply and hands it back through another channel: two hand-offs
+//! between tasks, often between threads, per round trip.
+//!
+//! Here the calling task writes its command to the socket itself, and the
+//! tasks that wait for replies take turns at reading: whichever holds the
+//! read side reads for everyone, hands each reply to the task that waits
+//! for it (replies come in the order the commands went out), and passes the
+//! read side on once its own reply is in. A task with one command in flight
+//! (an uncontended lock) so never wakes another task, and many tasks still
+//! share one socket, their commands pipelined.
+//!
+//! Every step can be cancelled (the caller's timeout drops the future): the
+//! bytes read and the commands not yet written live in the connection, not
+//! in a caller's future, so the next reader carries on where it stopped.
+//!
+//! It speaks RESP2, logs in (`AUTH`, with an ACL user name when given) and
+//! selects the database. TLS, Unix sockets and RESP3 go through the `redis`
+//! crate's connection instead (see `node.rs`).
+
+use futures::future::{Either, select};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use std::collections::VecDeque;
+use std::io;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+type Reply = RedisResult<Value>;
+
+/// How much room a read asks for at least.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Buffers grown past this by an unusually long command or reply are given
+/// back once empty.
+const KEEP_AT_MOST: usize = 1024 * 1024;
+
+/// A connection to one Redis server; clones share it.
+#[derive(Clone)]
+pub(crate) struct Wire {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    stream: TcpStream,
+    db: i64,
+    /// What writers and the reader share; held only for non-blocking steps.
+    state: Mutex<State>,
+    /// The read side: whoever holds it reads replies for everyone.
+    reader: tokio::sync::Mutex<ReadBuf>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Where each awaited reply goes, in the order the commands went out.
+    waiting: VecDeque<oneshot::Sender<Reply>>,
+    /// Bytes of commands not written yet: the socket's buffer was full, or
+    /// nothing has tried since they were added.
+    unsent: Vec<u8>,
+    /// Why the connection broke; every later call fails with it.
+    broken: Option<(io::ErrorKind, String)>,
+}
+
+/// Bytes read from the socket and not parsed yet: `buf[start..end]`.
+/// `buf` is initialised all along, so reads go straight into its tail.
+struct ReadBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Wire {
+    /// Connects to `host:port`, logs in with the credentials of `settings`
+    /// and selects its database.
+    ///
+    /// Not bounded here: the caller bounds connecting as a whole.
+    pub(crate) async fn connect(
+        host: &str,
+        port: u16,
+        settings: &redis::RedisConnectionInfo,
+    ) -> RedisResult<Wire> {
+        let stream = TcpStream::connect((host, port)).await?;
+        // Commands of many tasks go out in separate writes: Nagle's
+        // algorithm would hold the later ones back for an acknowledgement.
+        stream.set_nodelay(true)?;
+        let mut wire = Wire {
+            inner: Arc::new(Inner {
+                stream,
+                db: settings.db(),
+                state: Mutex::default(),
+                reader: tokio::sync::Mutex::new(ReadBuf {
+                    buf: vec![0; READ_CHUNK],
+                    start: 0,
+                    end: 0,
+                }),
+            }),
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password).query_async::<()>(&mut wire).await?;
+        }
+        if settings.db() != 0 {
+            redis::cmd("SELECT")
+                .arg(settings.db())
+                .query_async::<()>(&mut wire)
+                .await?;
+        }
+        Ok(wire)
+    }
+
+    /// Queues the commands `write` encodes, which answer with `replies`
+    /// replies, and gives `each` the receiver of every reply, in order.
+    ///
+    /// With no other command in flight they are written at once. Otherwise
+    /// they wait a moment in `unsent` so the commands of the tasks that run
+    /// next go out in the same write (fewer system calls on both sides);
+    /// the call that found `unsent` empty is told to [`flush`](Self::flush).
+    fn send(
+        &self,
+        write: impl FnOnce(&mut Vec<u8>),
+        replies: usize,
+        mut each: impl FnMut(oneshot::Receiver<Reply>),
+    ) -> RedisResult<Sent> {
+        let mut state = self.inner.state();
+        if let Some(err) = state.error() {
+            return Err(err);
+        }
+        // Commands of others not written yet go first: their flusher or
+        // whoever reads writes them.
+        let idle = state.unsent.is_empty();
+        let alone = state.waiting.is_empty();
+        write(&mut state.unsent);
+        for _ in 0..replies {
+            let (tx, rx) = oneshot::channel();
+            state.waiting.push_back(tx);
+            each(rx);
+        }
+        if !idle {
+            return Ok(Sent::Queued);
+        }
+        if !alone {
+            return Ok(Sent::Flush);
+        }
+        if let Err(err) = self.inner.flush(&mut state) {
+            drop(state);
+            return Err(self.inner.fail(err));
+        }
+        Ok(Sent::Written)
+    }
+
+    /// Writes the commands queued by the tasks that ran while this one
+    /// yielded, its own first.
+    async fn flush(&self) -> RedisResult<()> {
+        tokio::task::yield_now().await;
+        let mut state = self.inner.state();
+        if let Err(err) = self.inner.flush(&mut state) {
+            drop(state);
+            return Err(self.inner.fail(err));
+        }
+        Ok(())
+    }
+
+    /// Waits for the reply `rx` is for, reading for everyone whenever
+    /// nobody else does.
+    async fn receive(&self, mut rx: oneshot::Receiver<Reply>) -> Reply {
+        let mut reader = match self.inner.reader.try_lock() {
+            Ok(reader) => reader,
+            Err(_) => match select(&mut rx, pin!(self.inner.reader.lock())).await {
+                Either::Left((reply, _)) => {
+                    return reply.unwrap_or_else(|_| Err(self.inner.error()));
+                }
+                Either::Right((reader, _)) => reader,
+            },
+        };
+        self.inner.read_until(&mut reader, &mut rx).await
+    }
+
+    /// One command, one reply.
+    async fn command(&self, cmd: &Cmd) -> Reply {
+        let mut receiver = None;
+        if self.send(
+            |buf| cmd.write_packed_command(buf),
+            1,
+            |rx| receiver = Some(rx),
+        )? == Sent::Flush
+        {
+            self.flush().await?;
+        }
+        match receiver {
+            Some(rx) => self.receive(rx).await,
+            None => Err(self.inner.error()),
+        }
+    }
+
+    /// A pipeline: `offset + count` replies, of which the last `count` are
+    /// returned (a transaction's `MULTI` and `QUEUED` answers come first).
+    async fn pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let packed = pipeline.get_packed_pipeline();
+        let mut receivers = Vec::with_capacity(offset + count);
+        let sent = self.send(
+            |buf| buf.extend_from_slice(&packed),
+            offset + count,
+            |rx| receivers.push(rx),
+        )?;
+        if sent == Sent::Flush {
+            self.flush().await?;
+        }
+        let mut values = Vec::with_capacity(count);
+        for (i, rx) in receivers.into_iter().enumerate() {
+            // Every reply is awaited (and an error among the first
+            // `offset` reported), so none is left for the next caller.
+            let value = self.receive(rx).await?;
+            if i >= offset {
+                values.push(value);
+            }
+        }
+        Ok(values)
+    }
+}
+
+/// What [`Wire::send`] did with the commands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// Written to the socket (as far as it took them).
+    Written,
+    /// Queued behind others' unsent commands, which someone will flush.
+    Queued,
+    /// Queued first: the caller flushes after letting others queue theirs.
+    Flush,
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding it; should something have, the state
+        // is still consistent (every change is a single step).
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes what the socket takes of the unsent bytes, without waiting.
+    fn flush(&self, state: &mut State) -> io::Result<()> {
+        while !state.unsent.is_empty() {
+            match self.stream.try_write(&state.unsent) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) if n == state.unsent.len() => {
+                    state.unsent.clear();
+                    if state.unsent.capacity() > KEEP_AT_MOST {
+                        state.unsent.shrink_to(READ_CHUNK);
+                    }
+                }
+                Ok(n) => {
+                    state.unsent.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the connection broken by `err`: every waiting call and every
+    /// later one fails. Returns the error for the caller.
+    fn fail(&self, err: io::Error) -> RedisError {
+        let waiting = {
+            let mut state = self.state();
+            if state.broken.is_none() {
+                state.broken = Some((err.kind(), err.to_string()));
+            }
+            state.unsent.clear();
+            std::mem::take(&mut state.waiting)
+        };
+        // Their receivers now see the channel closed, and ask `error`.
+        drop(waiting);
+        RedisError::from(err)
+    }
+
+    /// The error of a broken connection.
+    fn error(&self) -> RedisError {
+        self.state().error().unwrap_or_else(|| {
+            RedisError::from(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the connection was closed",
+            ))
+        })
+    }
+
+    /// Reads replies, handing each to its caller, until the one `rx` waits
+    /// for is in; writes unsent commands on the way.
+    async fn read_until(&self, reader: &mut ReadBuf, rx: &mut oneshot::Receiver<Reply>) -> Reply {
+        loop {
+            if let Err(err) = self.dispatch(reader) {
+                return Err(self.fail(err));
+            }
+            match rx.try_recv() {
+                Ok(reply) => return reply,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(self.error()),
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let writing = {
+                let mut state = self.state();
+                if let Some(err) = state.error() {
+                    return Err(err);
+                }
+                if let Err(err) = self.flush(&mut state) {
+                    drop(state);
+                    return Err(self.fail(err));
+                }
+                !state.unsent.is_empty()
+            };
+            let interest = if writing {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            let ready = match self.stream.ready(interest).await {
+                Ok(ready) => ready,
+                Err(err) => return Err(self.fail(err)),
+            };
+            if ready.is_readable() {
+                reader.compact();
+                match self.stream.try_read(&mut reader.buf[reader.end..]) {
+                    Ok(0) => {
+                        return Err(self.fail(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the server closed the connection",
+                        )));
+                    }
+                    Ok(n) => reader.end += n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => return Err(self.fail(e)),
+                }
+            }
+        }
+    }
+
+    /// Hands every complete reply in the buffer to its caller.
+    fn dispatch(&self, reader: &mut ReadBuf) -> io::Result<()> {
+        while let Some((value, len)) = parse(&reader.buf[reader.start..reader.end])? {
+            reader.start += len;
+            let Some(waiter) = self.state().waiting.pop_front() else {
+                return Err(protocol("a reply that no command asked for"));
+            };
+            // The caller may have given up (timed out); its reply goes.
+            let _ = waiter.send(Ok(value));
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    fn error(&self) -> Option<RedisError> {
+        self.broken
+            .as_ref()
+            .map(|(kind, text)| RedisError::from(io::Error::new(*kind, text.clone())))
+    }
+}
+
+impl ReadBuf {
+    /// Drops the parsed bytes and makes room for a read: at least
+    /// `READ_CHUNK` bytes, or as much again as a long reply already holds.
+    fn compact(&mut self) {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > KEEP_AT_MOST {
+                self.buf.truncate(READ_CHUNK);
+                self.buf.shrink_to_fit();
+            }
+        }
+        if self.buf.len() - self.end >= READ_CHUNK {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let room = READ_CHUNK.max(self.end);
+        if self.buf.len() - self.end < room {
+            self.buf.resize(self.end + room, 0);
+        }
+    }
+}
+
+fn protocol(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the server broke the protocol: {what}"),
+    )
+}
+
+/// Parses one RESP2 reply from the start of `buf`: the value and its length
+/// in bytes, or `None` when `buf` does not hold all of it yet.
+fn parse(buf: &[u8]) -> io::Result<Option<(Value, usize)>> {
+    parse_at(buf, 0, 0)
+}
+
+/// Arrays deeper than this are refused (the server's replies to lock-core's
+/// commands are at most two deep).
+const MAX_DEPTH: usize = 32;
+
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> io::Result<Option<(Value, usize)>> {
+    let Some(&tag) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(line_len) = buf[at + 1..].windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = &buf[at + 1..at + 1 + line_len];
+    let next = at + 1 + line_len + 2;
+    let value = match tag {
+        b'+' if line == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(
+            String::from_utf8(line.to_vec())
+                .map_err(|_| protocol("a status line that is not UTF-8"))?,
+        ),
+        b':' => Value::Int(integer(line)?),
+        b'-' => {
+            // The redis crate's own parser, so errors are classified
+            // (NOSCRIPT, READONLY, NOPERM, ...) exactly as elsewhere.
+            redis::parse_redis_value(&buf[at..next])
+                .map_err(|e| protocol(&format!("an unreadable error reply ({e})")))?
+        }
+        b'$' => {
+            let len = integer(line)?;
+            if len < 0 {
+                Value::Nil
+            } else {
+                let len = usize::try_from(len).map_err(|_| protocol("a bulk string too long"))?;
+                let end = next
+                    .checked_add(len)
+                    .and_then(|end| end.checked_add(2))
+                    .ok_or_else(|| protocol("a bulk string too long"))?;
+                if buf.len() < end {
+                    return Ok(None);
+                }
+                if &buf[end - 2..end] != b"\r\n" {
+                    return Err(protocol("a bulk string without its line end"));
+                }
+                return Ok(Some((
+                    Value::BulkString(buf[next..end - 2].to_vec()),
+                    end - at,
+                )));
+            }
+        }
+        b'*' => {
+            let len = integer(line)?;
+            if len < 0 {
+                Value::Nil
+            } else {
+                if depth >= MAX_DEPTH {
+                    return Err(protocol("arrays nested too deep"));
+                }
+                let len = usize::try_from(len).map_err(|_| protocol("an array too long"))?;
+                // Not trusting the announced length for the allocation.
+                let mut items = Vec::with_capacity(len.min(1024));
+                let mut pos = next;
+                for _ in 0..len {
+                    let Some((item, item_len)) = parse_at(buf, pos, depth + 1)? else {
+                        return Ok(None);
+                    };
+                    items.push(item);
+                    pos += item_len;
+                }
+                return Ok(Some((Value::Array(items), pos - at)));
+            }
+        }
+        _ => return Err(protocol("an unknown reply type (is this a Redis server?)")),
+    };
+    Ok(Some((value, next - at)))
+}
+
+fn integer(line: &[u8]) -> io::Result<i64> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| protocol("a number that is not one"))
+}
+
+impl ConnectionLike for Wire {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.command(cmd))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.pipeline(pipeline, offset, count))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.db
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(bytes: &[u8]) -> Option<(Value, usize)> {
+        parse(bytes).ok().flatten()
+    }
+
+    #[test]
+    fn parses_each_reply_type() {
+        assert_eq!(parsed(b"+OK\r\n"), Some((Value::Okay, 5)));
+        assert_eq!(
+            parsed(b"+PONG\r\n"),
+            Some((Value::SimpleString("PONG".into()), 7))
+        );
+        assert_eq!(parsed(b":-12\r\n"), Some((Value::Int(-12), 6)));
+        assert_eq!(parsed(b"$-1\r\n"), Some((Value::Nil, 5)));
+        assert_eq!(parsed(b"*-1\r\n"), Some((Value::Nil, 5)));
+        assert_eq!(
+            parsed(b"$5\r\na\r\nbc\r\n+OK\r\n"),
+            Some((Value::BulkString(b"a\r\nbc".to_vec()), 11))
+        );
+        assert_eq!(
+            parsed(b"*2\r\n:1\r\n*1\r\n$0\r\n\r\n"),
+            Some((
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::Array(vec![Value::BulkString(Vec::new())])
+                ]),
+                18
+            ))
+        );
+    }
+
+    #[test]
+    fn errors_keep_their_kind() {
+        let Some((value, len)) = parsed(b"-NOSCRIPT No matching script.\r\n") else {
+            panic!("an error reply must parse");
+        };
+        assert_eq!(len, 31);
+        let err = value.extract_error().err();
+        assert_eq!(
+            err.map(|e| e.kind()),
+            Some(redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        );
+    }
+
+    #[test]
+    fn incomplete_replies_wait_for_more() {
+        let whole = b"*3\r\n$3\r\nabc\r\n:7\r\n+OK\r\n";
+        for cut in 0..whole.len() {
+            assert_eq!(parsed(&whole[..cut]), None, "cut at {cut}");
+        }
+        assert!(parsed(whole).is_some());
+    }
+
+    #[test]
+    fn garbage_is_a_protocol_error() {
+        assert!(parse(b"HTTP/1.1 400\r\n").is_err());
+        assert!(parse(b":abc\r\n").is_err());
+        assert!(parse(b"$3\r\nabcde\r\n").is_err());
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 1);
+        assert!(parse(deep.as_bytes()).is_err());
+    }
+
+    /// The connection against a real `redis-server`.
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    mod live {
+        use super::super::*;
+        use lock_testkit::RedisServer;
+        use std::time::Duration;
+
+        async fn connect(server: &RedisServer) -> Wire {
+            let info = redis::RedisConnectionInfo::default();
+            Wire::connect("127.0.0.1", server.port(), &info)
+                .await
+                .expect("connect")
+        }
+
+        /// `cmd`'s reply, failing the test instead of hanging should it
+        /// never come.
+        async fn query<T: redis::FromRedisValue>(wire: &Wire, cmd: &Cmd) -> RedisResult<T> {
+            let mut conn = wire.clone();
+            tokio::time::timeout(Duration::from_secs(30), cmd.query_async(&mut conn))
+                .await
+                .expect("no reply within 30 s")
+        }
+
+        async fn echo(wire: &Wire, text: &str) -> RedisResult<String> {
+            query(wire, redis::cmd("ECHO").arg(text)).await
+        }
+
+        /// Many tasks share the socket, with replies of every size mixed
+        /// in (some longer than a read): each gets the reply to its own
+        /// command.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn concurrent_callers_each_get_their_own_reply() {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            let tasks: Vec<_> = (0..64)
+                .map(|task| {
+                    let wire = wire.clone();
+                    tokio::spawn(async move {
+                        for i in 0..150 {
+                            // Every 16th reply is 40 to 100 KB long.
+                            let len = if i % 16 == 0 { 40_000 + task * 1000 } else { i };
+                            let text = format!("{task}:{i}:{}", "x".repeat(len));
+                            assert_eq!(echo(&wire, &text).await.unwrap(), text);
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        }
+
+        /// Callers that give up while the server is frozen (the reader
+        /// among them) leave no stray reply behind: once it answers again,
+        /// the next callers get their own replies.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn callers_that_give_up_do_not_shift_the_replies() {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            assert_eq!(echo(&wire, "before").await.unwrap(), "before");
+            let pause = server.pause();
+            let gave_up: Vec<_> = (0..16)
+                .map(|i| {
+                    let wire = wire.clone();
+                    tokio::spawn(async move {
+                        let text = format!("lost {i}");
+                        tokio::time::timeout(Duration::from_millis(100), echo(&wire, &text)).await
+                    })
+                })
+                .collect();
+            for task in gave_up {
+                assert!(task.await.unwrap().is_err(), "a frozen server answered");
+            }
+            pause.resume();
+            for i in 0..32 {
+                let text = format!("after {i}");
+                assert_eq!(echo(&wire, &text).await.unwrap(), text);
+            }
+        }
+
+        /// A command longer than the socket's buffers goes out whole (in
+        /// several writes), and others' commands queued behind it still
+        /// follow it in order.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_command_larger_than_the_socket_buffer_goes_out_whole() {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            let big = vec![7u8; 24 * 1024 * 1024];
+            let writer = {
+                let wire = wire.clone();
+                let big = big.clone();
+                tokio::spawn(async move {
+                    query::<()>(&wire, redis::cmd("SET").arg("big").arg(big)).await
+                })
+            };
+            let others: Vec<_> = (0..8)
+                .map(|i| {
+                    let wire = wire.clone();
+                    tokio::spawn(async move {
+                        let text = format!("behind {i}");
+                        assert_eq!(echo(&wire, &text).await.unwrap(), text);
+                    })
+                })
+                .collect();
+            writer.await.unwrap().unwrap();
+            for task in others {
+                task.await.unwrap();
+            }
+            let back: Vec<u8> = query(&wire, redis::cmd("GET").arg("big")).await.unwrap();
+            assert!(back == big, "the value came back changed");
+        }
+
+        /// The server closing the connection fails the calls waiting on it
+        /// and every later one, as a dropped connection (which the node
+        /// replaces).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_closed_connection_fails_waiting_and_later_calls() {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            // Blocks until the connection goes.
+            let waiting = {
+                let wire = wire.clone();
+                tokio::spawn(async move {
+                    query::<()>(&wire, redis::cmd("BLPOP").arg("nothing").arg(0)).await
+                })
+            };
+            let blocked = || {
+                server
+                    .cmd::<String>(&["CLIENT", "LIST"])
+                    .contains("cmd=blpop")
+            };
+            while !blocked() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+            assert_eq!(killed, 1);
+            let err = waiting.await.unwrap().unwrap_err();
+            assert!(err.is_connection_dropped(), "{err}");
+            let later = echo(&wire, "later").await.unwrap_err();
+            assert!(later.is_connection_dropped(), "{later}");
+        }
+
+        /// A password and a database from the URL are used.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn logs_in_and_selects_the_database() {
+            let server = RedisServer::builder().password("s3cret").start();
+            let info = redis::IntoConnectionInfo::into_connection_info(format!(
+                "redis://:s3cret@127.0.0.1:{}/3",
+                server.port()
+            ))
+            .unwrap();
+            let mut wire = Wire::connect("127.0.0.1", server.port(), info.redis_settings())
+                .await
+                .unwrap();
+            assert_eq!(wire.get_db(), 3);
+            redis::cmd("SET")
+                .arg("where")
+                .arg("three")
+                .query_async::<()>(&mut wire)
+                .await
+                .unwrap();
+            let in_db_3: Option<String> = redis::pipe()
+                .cmd("SELECT")
+                .arg(3)
+                .ignore()
+                .cmd("GET")
+                .arg("where")
+                .query(&mut server.connection())
+                .map(|(value,): (Option<String>,)| value)
+                .unwrap();
+            assert_eq!(in_db_3.as_deref(), Some("three"));
+
+            let wrong = redis::IntoConnectionInfo::into_connection_info(format!(
+                "redis://:wrong@127.0.0.1:{}",
+                server.port()
+            ))
+            .unwrap();
+            let refused = Wire::connect("127.0.0.1", server.port(), wrong.redis_settings()).await;
+            assert_eq!(
+                refused
+                    .err()
+                    .and_then(|e| e.code().map(str::to_owned))
+                    .as_deref(),
+                Some("WRONGPASS")
+            );
+        }
+
+        /// A pipeline gets its replies in order; a transaction's are the
+        /// `EXEC` answer only.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn pipelines_and_transactions() {
+            let server = RedisServer::start();
+            let mut wire = connect(&server).await;
+            let (a, b): (i64, i64) = redis::pipe()
+                .incr("n", 1)
+                .incr("n", 2)
+                .query_async(&mut wire)
+                .await
+                .unwrap();
+            assert_eq!((a, b), (1, 3));
+            let (c,): (i64,) = redis::pipe()
+                .atomic()
+                .incr("n", 4)
+                .query_async(&mut wire)
+                .await
+                .unwrap();
+            assert_eq!(c, 7);
+            assert_eq!(echo(&wire, "still in step").await.unwrap(), "still in step");
+        }
+    }
+}
