@@ -22,8 +22,9 @@ OPTIONS:
     --w5-seconds N    how long W5 holds its locks (default 30)
     --w5-locks N      how many locks W5 holds (default 10000)
     --impls LIST      rows of W1, W2 and W4 to run, comma-separated: floor,
-                      minimum,guard,attribute,rslock (default: all; for
-                      profiling one implementation at a time)
+                      raw-floor,minimum,guard,attribute,rslock (default: all;
+                      for profiling one implementation at a time; raw-floor
+                      is a W1 row)
     -h, --help        this text
 
 The bench starts its own redis-server processes on free ports (found through
@@ -175,7 +176,7 @@ fn impls(text: &str) -> BenchResult<Vec<Impl>> {
         |id| Impl::from_id(&id.to_ascii_lowercase()),
         "--impls",
         "implementation",
-        "floor, minimum, guard, attribute or rslock",
+        "floor, raw-floor, minimum, guard, attribute or rslock",
     )
 }
 

@@ -3,6 +3,7 @@
 //! | [`Impl`] | what one cycle is |
 //! | --- | --- |
 //! | `Floor` | one plain `SET` round trip (to every server at once for W4) |
+//! | `RawFloor` | [`RawFloor`]: one plain `SET` on a bare socket (W1 only) |
 //! | `Minimum` | [`MinimumLock`]: `SET NX PX`, then `EVALSHA` compare-and-delete |
 //! | `Guard` | `LockClient::lock_with` then `LockGuard::release` |
 //! | `Attribute` | a call of an `#[distributed_lock]` function |
@@ -14,7 +15,7 @@
 //! inside.
 
 use crate::error::{BenchResult, fail};
-use crate::minimum::MinimumLock;
+use crate::minimum::{MinimumLock, RawFloor};
 use crate::stats::wall_ns;
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use std::sync::Arc;
@@ -39,8 +40,10 @@ pub const POLL_MAX: Duration = Duration::from_millis(10);
 /// An implementation, as named in the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Impl {
-    /// Raw round trips: plain `SET`s.
+    /// Round trips: plain `SET`s, through the connection the minimum uses.
     Floor,
+    /// Round trips: plain `SET`s on a bare socket.
+    RawFloor,
     /// The hand-written minimum lock.
     Minimum,
     /// lock-core through `lock_with` and the guard.
@@ -56,6 +59,7 @@ impl Impl {
     pub fn id(self) -> &'static str {
         match self {
             Impl::Floor => "floor",
+            Impl::RawFloor => "raw-floor",
             Impl::Minimum => "minimum",
             Impl::Guard => "guard",
             Impl::Attribute => "attribute",
@@ -67,6 +71,7 @@ impl Impl {
     pub fn label(self) -> &'static str {
         match self {
             Impl::Floor => "floor (SET)",
+            Impl::RawFloor => "floor (raw socket)",
             Impl::Minimum => "minimum",
             Impl::Guard => "lock-core guard",
             Impl::Attribute => "lock-core attribute",
@@ -75,8 +80,9 @@ impl Impl {
     }
 
     /// Every implementation, in table order.
-    pub const ALL: [Impl; 5] = [
+    pub const ALL: [Impl; 6] = [
         Impl::Floor,
+        Impl::RawFloor,
         Impl::Minimum,
         Impl::Guard,
         Impl::Attribute,
@@ -172,6 +178,8 @@ impl Section {
 pub enum Locker {
     /// Plain `SET` round trips on a connection of its own.
     Floor(MinimumLock),
+    /// Plain `SET` round trips on a bare socket.
+    RawFloor(RawFloor),
     /// The minimum lock.
     Minimum(MinimumLock),
     /// lock-core, guard API.
@@ -187,6 +195,10 @@ impl Locker {
     pub async fn connect(imp: Impl, urls: &[String]) -> BenchResult<Locker> {
         Ok(match imp {
             Impl::Floor => Locker::Floor(MinimumLock::connect(urls).await?),
+            Impl::RawFloor => match urls {
+                [url] => Locker::RawFloor(RawFloor::connect(url).await?),
+                _ => return Err(fail("the raw floor runs against one server")),
+            },
             Impl::Minimum => Locker::Minimum(MinimumLock::connect(urls).await?),
             Impl::Guard | Impl::Attribute => {
                 let client = lock_core_client(urls).await?;
@@ -210,6 +222,7 @@ impl Locker {
     pub fn implementation(&self) -> Impl {
         match self {
             Locker::Floor(_) => Impl::Floor,
+            Locker::RawFloor(_) => Impl::RawFloor,
             Locker::Minimum(_) => Impl::Minimum,
             Locker::Guard(_) => Impl::Guard,
             Locker::Attribute(_) => Impl::Attribute,
@@ -246,6 +259,13 @@ impl Locker {
         match self {
             Locker::Floor(floor) => {
                 floor.floor().await?;
+                Ok(Cycle {
+                    done: true,
+                    gave_up: 0,
+                })
+            }
+            Locker::RawFloor(floor) => {
+                floor.round_trip().await?;
                 Ok(Cycle {
                     done: true,
                     gave_up: 0,
@@ -405,13 +425,7 @@ mod tests {
 
     #[test]
     fn implementation_ids_round_trip() {
-        for imp in [
-            Impl::Floor,
-            Impl::Minimum,
-            Impl::Guard,
-            Impl::Attribute,
-            Impl::Rslock,
-        ] {
+        for imp in Impl::ALL {
             assert_eq!(Impl::from_id(imp.id()), Some(imp));
         }
         assert_eq!(Impl::from_id("nope"), None);

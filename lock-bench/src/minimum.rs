@@ -134,3 +134,42 @@ impl MinimumLock {
         Ok(())
     }
 }
+
+/// The floor without a client library: plain `SET`s written to and read
+/// from a bare socket by the calling task, one at a time. What a round trip
+/// costs when nothing but the kernel and the server sit between the
+/// command and its reply; lock-core's own connection does the same steps.
+#[derive(Debug)]
+pub struct RawFloor {
+    stream: tokio::sync::Mutex<tokio::net::TcpStream>,
+}
+
+impl RawFloor {
+    /// Connects to the server of `url` (plain TCP, no password).
+    pub async fn connect(url: &str) -> BenchResult<RawFloor> {
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return Err(fail("the raw floor needs a redis://host:port URL"));
+        };
+        let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+        stream.set_nodelay(true)?;
+        Ok(RawFloor {
+            stream: tokio::sync::Mutex::new(stream),
+        })
+    }
+
+    /// One `SET bench:floor 1` round trip.
+    pub async fn round_trip(&self) -> BenchResult<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const SET: &[u8] = b"*3\r\n$3\r\nSET\r\n$11\r\nbench:floor\r\n$1\r\n1\r\n";
+        const OK: &[u8] = b"+OK\r\n";
+        let mut stream = self.stream.lock().await;
+        stream.write_all(SET).await?;
+        let mut reply = [0u8; 5];
+        stream.read_exact(&mut reply).await?;
+        if reply != OK {
+            return Err(fail(format!("the raw floor's SET was answered {reply:?}")));
+        }
+        Ok(())
+    }
+}

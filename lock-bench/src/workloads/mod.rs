@@ -286,7 +286,7 @@ pub async fn measure_rows(
         .into_iter()
         .zip(imps)
         .map(|((_, _, total), imp)| {
-            let unit = if imp == Impl::Floor {
+            let unit = if matches!(imp, Impl::Floor | Impl::RawFloor) {
                 "round trips"
             } else {
                 "cycles"

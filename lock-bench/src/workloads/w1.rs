@@ -7,8 +7,9 @@ use crate::error::BenchResult;
 use crate::report::WorkloadResult;
 
 /// The implementations of W1, in table order.
-const ROWS: [Impl; 5] = [
+const ROWS: [Impl; 6] = [
     Impl::Floor,
+    Impl::RawFloor,
     Impl::Minimum,
     Impl::Guard,
     Impl::Attribute,
@@ -24,7 +25,8 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         id: WorkloadId::W1,
         title: "one task, one key, lock + release in a loop",
         params: format!(
-            "1 task, ttl 10s, 1 server; floor = sequential plain SET on one connection; {}",
+            "1 task, ttl 10s, 1 server; floor = sequential plain SET on one connection of the \
+             redis crate (as the minimum's), raw = the same on a bare socket; {}",
             ctx.timing()
         ),
         rows,

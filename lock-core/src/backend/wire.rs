@@ -333,6 +333,7 @@ impl Inner {
             };
             if ready.is_readable() {
                 reader.compact();
+                let room = reader.buf.len() - reader.end;
                 match self.stream.try_read(&mut reader.buf[reader.end..]) {
                     Ok(0) => {
                         return Err(self.fail(io::Error::new(
@@ -340,7 +341,19 @@ impl Inner {
                             "the server closed the connection",
                         )));
                     }
-                    Ok(n) => reader.end += n,
+                    Ok(n) => {
+                        reader.end += n;
+                        if n < room {
+                            // A short read took all the socket held: forget
+                            // the readiness now, or the next wait would
+                            // return at once and its read find nothing (a
+                            // system call per round trip). Data arriving
+                            // later signals readiness anew.
+                            let _ = self.stream.try_io(Interest::READABLE, || {
+                                Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                            });
+                        }
+                    }
                     Err(e)
                         if matches!(
                             e.kind(),
