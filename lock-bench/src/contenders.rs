@@ -322,12 +322,7 @@ async fn minimum_cycle(
 /// `Ok(false)` when the release found the lock no longer ours.
 async fn guard_cycle(client: &LockClient, key: &str, section: &Section) -> Result<bool, LockError> {
     let guard = client
-        .lock_with(
-            key,
-            LockOptions::new(TTL)
-                .wait(WAIT)
-                .renew(std::env::var_os("NORENEW").is_none()),
-        )
+        .lock_with(key, LockOptions::new(TTL).wait(WAIT))
         .await?;
     section.run().await;
     guard.release().await
