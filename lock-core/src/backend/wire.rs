@@ -331,37 +331,52 @@ impl Inner {
                 Ok(ready) => ready,
                 Err(err) => return Err(self.fail(err)),
             };
-            if ready.is_readable() {
-                reader.compact();
-                let room = reader.buf.len() - reader.end;
-                match self.stream.try_read(&mut reader.buf[reader.end..]) {
-                    Ok(0) => {
-                        return Err(self.fail(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the server closed the connection",
-                        )));
-                    }
-                    Ok(n) => {
-                        reader.end += n;
-                        if n < room {
-                            // A short read took all the socket held: forget
-                            // the readiness now, or the next wait would
-                            // return at once and its read find nothing (a
-                            // system call per round trip). Data arriving
-                            // later signals readiness anew.
-                            let _ = self.stream.try_io(Interest::READABLE, || {
-                                Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                            });
-                        }
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                        ) => {}
-                    Err(e) => return Err(self.fail(e)),
-                }
+            if ready.is_readable()
+                && let Err(err) = self.read(reader)
+            {
+                return Err(self.fail(err));
             }
+        }
+    }
+
+    /// Reads what the socket holds into the buffer (nothing, when it turns
+    /// out to hold nothing yet).
+    ///
+    /// A read that comes back short took all the socket held, so it also
+    /// clears the read readiness, or the next wait would return at once and
+    /// its read find nothing: a system call per round trip. The read runs
+    /// inside `try_io` for that: readiness is cleared only as of when the
+    /// read began, so data that arrives meanwhile still wakes the next wait.
+    fn read(&self, reader: &mut ReadBuf) -> io::Result<()> {
+        reader.compact();
+        let room = reader.buf.len() - reader.end;
+        let dst = &mut reader.buf[reader.end..];
+        let socket = socket2::SockRef::from(&self.stream);
+        let mut got = 0;
+        let outcome = self.stream.try_io(Interest::READABLE, || {
+            got = io::Read::read(&mut &*socket, &mut *dst)?;
+            if got > 0 && got < room {
+                // Handled below as data; tells tokio the socket is drained.
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(())
+        });
+        reader.end += got;
+        match outcome {
+            Ok(()) if got == 0 => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            )),
+            Ok(()) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     }
 
