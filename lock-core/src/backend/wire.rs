@@ -17,6 +17,11 @@
 //! Every step can be cancelled (the caller's timeout drops the future): the
 //! bytes read and the commands not yet written live in the connection, not
 //! in a caller's future, so the next reader carries on where it stopped.
+//! Reading does depend on the reader's task being polled: a caller's future
+//! kept alive but not polled while it holds the read side holds up the
+//! other calls until their timeouts replace the connection. Every call
+//! lock-core makes is awaited by the operation that made it, so this takes
+//! a lock future that its owner stops polling without dropping it.
 //!
 //! It speaks RESP2, logs in (`AUTH`, with an ACL user name when given) and
 //! selects the database. TLS, Unix sockets and RESP3 go through the `redis`
@@ -107,7 +112,20 @@ impl Wire {
             if let Some(user) = settings.username() {
                 auth.arg(user);
             }
-            auth.arg(password).query_async::<()>(&mut wire).await?;
+            match auth.arg(password).query_async::<()>(&mut wire).await {
+                // A server older than ACLs (Redis 5) knows only
+                // `AUTH password`.
+                Err(e)
+                    if settings.username().is_some()
+                        && e.to_string().contains("wrong number of arguments") =>
+                {
+                    redis::cmd("AUTH")
+                        .arg(password)
+                        .query_async::<()>(&mut wire)
+                        .await?;
+                }
+                answer => answer?,
+            }
         }
         if settings.db() != 0 {
             redis::cmd("SELECT")
@@ -222,11 +240,14 @@ impl Wire {
         }
         let mut values = Vec::with_capacity(count);
         for (i, rx) in receivers.into_iter().enumerate() {
-            // Every reply is awaited (and an error among the first
-            // `offset` reported), so none is left for the next caller.
+            // An error answer among the first `offset` (a transaction's
+            // `MULTI` and `QUEUED`) is reported. Replies of receivers left
+            // behind by an early return are dropped when they arrive.
             let value = self.receive(rx).await?;
             if i >= offset {
                 values.push(value);
+            } else {
+                value.extract_error()?;
             }
         }
         Ok(values)
@@ -275,18 +296,30 @@ impl Inner {
 
     /// Marks the connection broken by `err`: every waiting call and every
     /// later one fails. Returns the error for the caller.
+    ///
+    /// The error always reads as a dropped connection
+    /// (`is_connection_dropped`), whatever broke it (a protocol violation, a
+    /// timed-out or unreachable peer), so the node replaces the connection
+    /// instead of reporting the same error for every later call. The first
+    /// failure is the one every caller hears about.
     fn fail(&self, err: io::Error) -> RedisError {
-        let waiting = {
+        let (waiting, broken) = {
             let mut state = self.state();
             if state.broken.is_none() {
-                state.broken = Some((err.kind(), err.to_string()));
+                let kind = if RedisError::from(io::Error::from(err.kind())).is_connection_dropped()
+                {
+                    err.kind()
+                } else {
+                    io::ErrorKind::ConnectionAborted
+                };
+                state.broken = Some((kind, err.to_string()));
             }
             state.unsent.clear();
-            std::mem::take(&mut state.waiting)
+            (std::mem::take(&mut state.waiting), state.error())
         };
         // Their receivers now see the channel closed, and ask `error`.
         drop(waiting);
-        RedisError::from(err)
+        broken.unwrap_or_else(|| RedisError::from(err))
     }
 
     /// The error of a broken connection.
@@ -384,7 +417,17 @@ impl Inner {
     fn dispatch(&self, reader: &mut ReadBuf) -> io::Result<()> {
         while let Some((value, len)) = parse(&reader.buf[reader.start..reader.end])? {
             reader.start += len;
-            let Some(waiter) = self.state().waiting.pop_front() else {
+            let waiter = {
+                let mut state = self.state();
+                if state.broken.is_some() {
+                    // Another task failed the connection meanwhile (and
+                    // failed the callers these replies were for); `fail`
+                    // reports its error.
+                    return Err(io::ErrorKind::ConnectionAborted.into());
+                }
+                state.waiting.pop_front()
+            };
+            let Some(waiter) = waiter else {
                 return Err(protocol("a reply that no command asked for"));
             };
             // The caller may have given up (timed out); its reply goes.
@@ -748,6 +791,35 @@ mod tests {
             assert!(err.is_connection_dropped(), "{err}");
             let later = echo(&wire, "later").await.unwrap_err();
             assert!(later.is_connection_dropped(), "{later}");
+        }
+
+        /// Something that is not a Redis server (here an HTTP server)
+        /// breaks the connection as a dropped one, so the node replaces it,
+        /// instead of every later call failing the same way on it.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_protocol_violation_drops_the_connection() {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let http = tokio::spawn(async move {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = [0u8; 256];
+                let _ = socket.read(&mut request).await;
+                socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                    .await
+                    .unwrap();
+                // Kept open: the client must not wait for more.
+                socket
+            });
+            let info = redis::RedisConnectionInfo::default();
+            let wire = Wire::connect("127.0.0.1", port, &info).await.unwrap();
+            let err = echo(&wire, "hello").await.unwrap_err();
+            assert!(err.is_connection_dropped(), "{err}");
+            assert!(err.to_string().contains("protocol"), "{err}");
+            let later = echo(&wire, "again").await.unwrap_err();
+            assert!(later.is_connection_dropped(), "{later}");
+            drop(http.await.unwrap());
         }
 
         /// A password and a database from the URL are used.
