@@ -1,4 +1,4 @@
-//! One Redis server: a shared multiplexed connection that reconnects, with a
+//! One Redis server: a shared pipelined connection that reconnects, with a
 //! bound on every call.
 
 use super::shared::{self, Failure, Shared};
