@@ -66,9 +66,13 @@ struct Inner {
 struct State {
     /// Where each awaited reply goes, in the order the commands went out.
     waiting: VecDeque<oneshot::Sender<Reply>>,
-    /// Bytes of commands not written yet: the socket's buffer was full, or
-    /// nothing has tried since they were added.
+    /// Commands not fully written yet, from `written` on: the socket's
+    /// buffer was full, or nothing has tried since they were added.
     unsent: Vec<u8>,
+    /// How much of `unsent` a partial write already took; both go back to
+    /// zero once all of it is written, so a non-empty `unsent` always has
+    /// bytes left to write.
+    written: usize,
     /// Why the connection broke; every later call fails with it.
     broken: Option<(io::ErrorKind, String)>,
 }
@@ -275,16 +279,17 @@ impl Inner {
     /// Writes what the socket takes of the unsent bytes, without waiting.
     fn flush(&self, state: &mut State) -> io::Result<()> {
         while !state.unsent.is_empty() {
-            match self.stream.try_write(&state.unsent) {
+            match self.stream.try_write(&state.unsent[state.written..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) if n == state.unsent.len() => {
-                    state.unsent.clear();
-                    if state.unsent.capacity() > KEEP_AT_MOST {
-                        state.unsent.shrink_to(READ_CHUNK);
-                    }
-                }
                 Ok(n) => {
-                    state.unsent.drain(..n);
+                    state.written += n;
+                    if state.written == state.unsent.len() {
+                        state.unsent.clear();
+                        state.written = 0;
+                        if state.unsent.capacity() > KEEP_AT_MOST {
+                            state.unsent.shrink_to(READ_CHUNK);
+                        }
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -315,6 +320,7 @@ impl Inner {
                 state.broken = Some((kind, err.to_string()));
             }
             state.unsent.clear();
+            state.written = 0;
             (std::mem::take(&mut state.waiting), state.error())
         };
         // Their receivers now see the channel closed, and ask `error`.
