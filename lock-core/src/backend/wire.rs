@@ -145,14 +145,15 @@ impl Wire {
     ///
     /// With no other command in flight they are written at once. Otherwise
     /// they wait a moment in `unsent` so the commands of the tasks that run
-    /// next go out in the same write (fewer system calls on both sides);
-    /// the call that found `unsent` empty is told to [`flush`](Self::flush).
+    /// next go out in the same write (fewer system calls on both sides):
+    /// `Ok(true)` tells the call that found `unsent` empty to
+    /// [`flush`](Self::flush).
     fn send(
         &self,
         write: impl FnOnce(&mut Vec<u8>),
         replies: usize,
         mut each: impl FnMut(oneshot::Receiver<Reply>),
-    ) -> RedisResult<Sent> {
+    ) -> RedisResult<bool> {
         let mut state = self.inner.state();
         if let Some(err) = state.error() {
             return Err(err);
@@ -167,28 +168,18 @@ impl Wire {
             state.waiting.push_back(tx);
             each(rx);
         }
-        if !idle {
-            return Ok(Sent::Queued);
+        if !idle || !alone {
+            return Ok(idle);
         }
-        if !alone {
-            return Ok(Sent::Flush);
-        }
-        if let Err(err) = self.inner.flush(&mut state) {
-            drop(state);
-            return Err(self.inner.fail(err));
-        }
-        Ok(Sent::Written)
+        self.inner.write_out(state)?;
+        Ok(false)
     }
 
     /// Writes the commands queued by the tasks that ran while this one
     /// yielded, its own first.
     async fn flush(&self) -> RedisResult<()> {
         tokio::task::yield_now().await;
-        let mut state = self.inner.state();
-        if let Err(err) = self.inner.flush(&mut state) {
-            drop(state);
-            return Err(self.inner.fail(err));
-        }
+        self.inner.write_out(self.inner.state())?;
         Ok(())
     }
 
@@ -214,8 +205,7 @@ impl Wire {
             |buf| cmd.write_packed_command(buf),
             1,
             |rx| receiver = Some(rx),
-        )? == Sent::Flush
-        {
+        )? {
             self.flush().await?;
         }
         match receiver {
@@ -234,12 +224,11 @@ impl Wire {
     ) -> RedisResult<Vec<Value>> {
         let packed = pipeline.get_packed_pipeline();
         let mut receivers = Vec::with_capacity(offset + count);
-        let sent = self.send(
+        if self.send(
             |buf| buf.extend_from_slice(&packed),
             offset + count,
             |rx| receivers.push(rx),
-        )?;
-        if sent == Sent::Flush {
+        )? {
             self.flush().await?;
         }
         let mut values = Vec::with_capacity(count);
@@ -256,17 +245,6 @@ impl Wire {
         }
         Ok(values)
     }
-}
-
-/// What [`Wire::send`] did with the commands.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Sent {
-    /// Written to the socket (as far as it took them).
-    Written,
-    /// Queued behind others' unsent commands, which someone will flush.
-    Queued,
-    /// Queued first: the caller flushes after letting others queue theirs.
-    Flush,
 }
 
 impl Inner {
@@ -297,6 +275,19 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// [`flush`](Self::flush) with the state's lock, which it releases;
+    /// a write error breaks the connection. Whether unsent bytes are left
+    /// (the socket's buffer is full).
+    fn write_out(&self, mut state: MutexGuard<'_, State>) -> RedisResult<bool> {
+        match self.flush(&mut state) {
+            Ok(()) => Ok(!state.unsent.is_empty()),
+            Err(err) => {
+                drop(state);
+                Err(self.fail(err))
+            }
+        }
     }
 
     /// Marks the connection broken by `err`: every waiting call and every
@@ -351,15 +342,11 @@ impl Inner {
                 Err(oneshot::error::TryRecvError::Empty) => {}
             }
             let writing = {
-                let mut state = self.state();
+                let state = self.state();
                 if let Some(err) = state.error() {
                     return Err(err);
                 }
-                if let Err(err) = self.flush(&mut state) {
-                    drop(state);
-                    return Err(self.fail(err));
-                }
-                !state.unsent.is_empty()
+                self.write_out(state)?
             };
             let interest = if writing {
                 Interest::READABLE | Interest::WRITABLE
