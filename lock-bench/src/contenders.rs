@@ -89,6 +89,11 @@ impl Impl {
         Impl::Rslock,
     ];
 
+    /// Whether this row counts plain round trips, not lock cycles.
+    pub fn is_floor(self) -> bool {
+        matches!(self, Impl::Floor | Impl::RawFloor)
+    }
+
     /// The implementation whose [`id`](Self::id) is `id`.
     pub fn from_id(id: &str) -> Option<Impl> {
         Impl::ALL.into_iter().find(|imp| imp.id() == id)

@@ -268,17 +268,8 @@ pub async fn measure_rows(
             let client_before = cpu_time();
             let server_before = servers_cpu(&mut info_conns).await;
             let mut run = run_cycles(locker, keys, round).await?;
-            run.client_cpu = cpu_time()
-                .zip(client_before)
-                .map_or(Duration::ZERO, |(after, before)| {
-                    after.saturating_sub(before)
-                });
-            run.server_cpu = servers_cpu(&mut info_conns)
-                .await
-                .zip(server_before)
-                .map_or(Duration::ZERO, |(after, before)| {
-                    after.saturating_sub(before)
-                });
+            run.client_cpu = spent(client_before, cpu_time());
+            run.server_cpu = spent(server_before, servers_cpu(&mut info_conns).await);
             total.absorb(run);
         }
     }
@@ -286,7 +277,7 @@ pub async fn measure_rows(
         .into_iter()
         .zip(imps)
         .map(|((_, _, total), imp)| {
-            let unit = if matches!(imp, Impl::Floor | Impl::RawFloor) {
+            let unit = if imp.is_floor() {
                 "round trips"
             } else {
                 "cycles"
@@ -294,6 +285,13 @@ pub async fn measure_rows(
             total.into_row(imp, unit)
         })
         .collect())
+}
+
+/// The CPU time used between two readings; zero when either is missing.
+fn spent(before: Option<Duration>, after: Option<Duration>) -> Duration {
+    after.zip(before).map_or(Duration::ZERO, |(after, before)| {
+        after.saturating_sub(before)
+    })
 }
 
 /// The CPU time (user + system) the servers behind `conns` have used so

@@ -169,7 +169,7 @@ impl Drop for Worker {
 /// The worker side: runs in a child process started by [`run`].
 pub fn worker(args: &WorkerArgs) -> BenchResult<()> {
     let imp = Impl::from_id(&args.implementation)
-        .filter(|imp| !matches!(imp, Impl::Floor | Impl::RawFloor))
+        .filter(|imp| !imp.is_floor())
         .ok_or_else(|| fail(format!("unknown implementation {:?}", args.implementation)))?;
     if args.tasks == 0 || args.url.is_empty() || args.key.is_empty() {
         return Err(fail("worker mode needs --impl, --url, --key and --tasks"));
