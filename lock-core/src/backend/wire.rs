@@ -775,7 +775,12 @@ mod tests {
                     .cmd::<String>(&["CLIENT", "LIST"])
                     .contains("cmd=blpop")
             };
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
             while !blocked() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "BLPOP never reached the server"
+                );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
