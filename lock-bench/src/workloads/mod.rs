@@ -137,6 +137,8 @@ pub struct CycleRun {
     pub client_cpu: Duration,
     /// CPU time of the redis-server processes meanwhile.
     pub server_cpu: Duration,
+    /// The rate of each round [`measure_rows`] ran, per second, in order.
+    pub round_rates: Vec<f64>,
 }
 
 impl CycleRun {
@@ -148,6 +150,7 @@ impl CycleRun {
         self.client_cpu += other.client_cpu;
         self.server_cpu += other.server_cpu;
         self.latencies_ns.extend(other.latencies_ns);
+        self.round_rates.extend(other.round_rates);
         if self.first_error.is_none() {
             self.first_error = other.first_error;
         }
@@ -164,6 +167,7 @@ impl CycleRun {
         row.max_us = Some(spread.max_us);
         row.failed = Some(self.failed);
         row.samples = self.cycles;
+        row.round_rates = self.round_rates;
         // Only rows measured by `measure_rows` have CPU figures.
         if self.cycles > 0 && !(self.client_cpu.is_zero() && self.server_cpu.is_zero()) {
             let per_cycle = |cpu: Duration| cpu.as_secs_f64() * 1e6 / self.cycles as f64;
@@ -207,18 +211,35 @@ pub async fn run_cycles(
 async fn cycle_task(locker: &Locker, key: &str, deadline: Instant) -> CycleRun {
     let section = Section::empty();
     let mut run = CycleRun::default();
-    loop {
-        let started = Instant::now();
-        if started >= deadline {
-            return run;
+    while Instant::now() < deadline {
+        timed_cycle(locker, key, &section, &mut run).await;
+    }
+    run
+}
+
+/// One uncontended cycle of `locker` on `key`, counted in `run`: its time
+/// (ns) when it completed, `None` when it did not get the lock or failed.
+pub async fn timed_cycle(
+    locker: &Locker,
+    key: &str,
+    section: &Section,
+    run: &mut CycleRun,
+) -> Option<u64> {
+    let started = Instant::now();
+    match locker.cycle(key, section, false).await {
+        Ok(cycle) if cycle.done => {
+            let ns = nanos(started.elapsed());
+            run.cycles += 1;
+            run.latencies_ns.push(ns);
+            Some(ns)
         }
-        match locker.cycle(key, &section, false).await {
-            Ok(cycle) if cycle.done => {
-                run.cycles += 1;
-                run.latencies_ns.push(nanos(started.elapsed()));
-            }
-            Ok(cycle) => run.failed += u64::from(cycle.gave_up.max(1)),
-            Err(e) => note_error(&mut run.failed, &mut run.first_error, &e),
+        Ok(cycle) => {
+            run.failed += u64::from(cycle.gave_up.max(1));
+            None
+        }
+        Err(e) => {
+            note_error(&mut run.failed, &mut run.first_error, &e);
+            None
         }
     }
 }
@@ -268,6 +289,10 @@ pub async fn measure_rows(
             let client_before = cpu_time();
             let server_before = servers_cpu(&mut info_conns).await;
             let mut run = run_cycles(locker, keys, round).await?;
+            let seconds = run.elapsed.as_secs_f64();
+            if seconds > 0.0 {
+                run.round_rates.push(run.cycles as f64 / seconds);
+            }
             run.client_cpu = spent(client_before, cpu_time());
             run.server_cpu = spent(server_before, servers_cpu(&mut info_conns).await);
             total.absorb(run);

@@ -1,17 +1,17 @@
 //! W6: the cost of the attribute over the guard API: the same body (empty),
-//! the same client, one task, one key, alternating between the two in short
-//! rounds (guard first in even rounds, attribute first in odd ones) so that
-//! a machine that speeds up or slows down during the run affects both alike.
+//! the same client, one task, one key, the two called alternately, one call
+//! each per pair (guard first in even pairs, attribute first in odd ones).
+//! Neighbouring calls see the same machine, so the median over pairs of the
+//! difference between the two is the attribute's cost, and a pause of the
+//! machine or a slow round trip moves one pair, not the figure.
 
-use super::{Context, CycleRun, WorkloadId, progress, run_cycles};
-use crate::contenders::{Impl, Locker, lock_core_client};
+use super::{Context, CycleRun, WorkloadId, progress, timed_cycle};
+use crate::contenders::{Impl, Locker, Section, lock_core_client};
 use crate::error::BenchResult;
-use crate::report::WorkloadResult;
+use crate::report::{Row, WorkloadResult};
+use crate::stats::percentile;
 use lock_core::{LockClient, MemoryStore};
-use std::sync::Arc;
-
-/// Rounds per implementation.
-const ROUNDS: u32 = 20;
+use std::time::{Duration, Instant};
 
 /// Runs W6 on the single server, and again on lock-core's in-memory
 /// backend, where no network noise hides the client's own cost.
@@ -41,56 +41,78 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         id: WorkloadId::W6,
         title: "annotated function vs the same body with the guard API",
         params: format!(
-            "1 task, one key, empty body, ttl 10s, one shared client; {ROUNDS} alternating \
-             rounds of {:.2} s each; overhead = median over round pairs of the time per \
-             call, attribute over guard",
-            (ctx.seconds / ROUNDS).as_secs_f64()
+            "1 task, one key, empty body, ttl 10s, one shared client; {:.1} s of calls \
+             alternating one by one (guard first in even pairs, attribute first in odd ones); \
+             overhead = median over pairs of (attribute time - guard time) / median guard \
+             time",
+            ctx.seconds.as_secs_f64()
         ),
         rows: vec![guard_row, attribute_row],
     })
 }
 
-/// Alternates the guard API and the attribute on `client` for `seconds`;
-/// the two rows and the median over round pairs of the attribute's time
-/// per call over the guard's, in percent.
+/// Alternates the guard API and the attribute on `client`, call by call,
+/// for `seconds`; the two rows and the attribute's overhead in percent: the
+/// median over pairs of the difference of the two calls' times, over the
+/// guard's median time.
 async fn compare(
     client: LockClient,
     ctx: &Context,
-    seconds: std::time::Duration,
-) -> BenchResult<(crate::report::Row, crate::report::Row, Option<f64>)> {
-    let guard = Arc::new(Locker::Guard(client.clone()));
-    let attribute = Arc::new(Locker::Attribute(client));
-    let keys = ["w6".to_owned()];
-    run_cycles(&guard, &keys, ctx.warmup / 2).await?;
-    run_cycles(&attribute, &keys, ctx.warmup / 2).await?;
-
-    let round = seconds / ROUNDS;
-    let mut guard_total = CycleRun::default();
-    let mut attribute_total = CycleRun::default();
-    // Per pair of neighbouring rounds: attribute time per call / guard's.
-    let mut ratios = Vec::with_capacity(ROUNDS as usize);
-    for i in 0..ROUNDS {
-        let (g, a) = if i % 2 == 0 {
-            let g = run_cycles(&guard, &keys, round).await?;
-            (g, run_cycles(&attribute, &keys, round).await?)
-        } else {
-            let a = run_cycles(&attribute, &keys, round).await?;
-            (run_cycles(&guard, &keys, round).await?, a)
-        };
-        if g.cycles > 0 && a.cycles > 0 {
-            let per_call = |run: &CycleRun| run.elapsed.as_secs_f64() / run.cycles as f64;
-            ratios.push(per_call(&a) / per_call(&g));
-        }
-        guard_total.absorb(g);
-        attribute_total.absorb(a);
+    seconds: Duration,
+) -> BenchResult<(Row, Row, Option<f64>)> {
+    let guard = Locker::Guard(client.clone());
+    let attribute = Locker::Attribute(client);
+    let section = Section::empty();
+    let key = "w6";
+    let mut guard_run = CycleRun::default();
+    let mut attribute_run = CycleRun::default();
+    let mut differences: Vec<i64> = Vec::new();
+    let warm_until = Instant::now() + ctx.warmup;
+    while Instant::now() < warm_until {
+        timed_cycle(&guard, key, &section, &mut CycleRun::default()).await;
+        timed_cycle(&attribute, key, &section, &mut CycleRun::default()).await;
     }
-    // The median pair: a burst of load from elsewhere on a shared machine
-    // moves one pair, not the figure.
-    ratios.sort_by(f64::total_cmp);
-    let median = ratios.get(ratios.len() / 2).map(|m| (m - 1.0) * 100.0);
+    let start = Instant::now();
+    let deadline = start + seconds;
+    let mut pair = 0_u64;
+    while Instant::now() < deadline {
+        let (g, a) = if pair.is_multiple_of(2) {
+            let g = timed_cycle(&guard, key, &section, &mut guard_run).await;
+            (
+                g,
+                timed_cycle(&attribute, key, &section, &mut attribute_run).await,
+            )
+        } else {
+            let a = timed_cycle(&attribute, key, &section, &mut attribute_run).await;
+            (timed_cycle(&guard, key, &section, &mut guard_run).await, a)
+        };
+        if let (Some(g), Some(a)) = (g, a) {
+            differences.push(signed(a) - signed(g));
+        }
+        pair += 1;
+    }
+    // Each row's rate is over the time its own calls took.
+    for run in [&mut guard_run, &mut attribute_run] {
+        run.elapsed = Duration::from_nanos(run.latencies_ns.iter().sum());
+    }
+    let guard_median = {
+        let mut sorted = guard_run.latencies_ns.clone();
+        sorted.sort_unstable();
+        percentile(&sorted, 50.0)
+    };
+    differences.sort_unstable();
+    let overhead = differences
+        .get(differences.len() / 2)
+        .filter(|_| guard_median > 0)
+        .map(|&d| d as f64 / guard_median as f64 * 100.0);
     Ok((
-        guard_total.into_row(Impl::Guard, "cycles"),
-        attribute_total.into_row(Impl::Attribute, "cycles"),
-        median,
+        guard_run.into_row(Impl::Guard, "cycles"),
+        attribute_run.into_row(Impl::Attribute, "cycles"),
+        overhead,
     ))
+}
+
+/// Nanoseconds as a signed number, saturating.
+fn signed(ns: u64) -> i64 {
+    i64::try_from(ns).unwrap_or(i64::MAX)
 }
