@@ -43,6 +43,17 @@ type Reply = RedisResult<Value>;
 /// How much room a read asks for at least.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// Queued commands go out at once when they reach this many bytes (about a
+/// dozen lock commands), without waiting for the flush after a yield. With
+/// many tasks on one connection, waiting for every task that runs to queue
+/// its command sends the commands of a whole wave of replies in one write:
+/// the server idles while the client works through the wave, then the
+/// client while the server does. Writing every kilobyte keeps both busy:
+/// W2 (64 tasks, 2 cores) measured 1.1-1.2 × the minimum this way against
+/// 0.8-0.85 × when waiting for the yield, and 256 B to 1.5 KiB all did
+/// about as well.
+const FLUSH_AT: usize = 1024;
+
 /// Buffers grown past this by an unusually long command or reply are given
 /// back once empty.
 const KEEP_AT_MOST: usize = 1024 * 1024;
@@ -145,9 +156,9 @@ impl Wire {
     ///
     /// With no other command in flight they are written at once. Otherwise
     /// they wait a moment in `unsent` so the commands of the tasks that run
-    /// next go out in the same write (fewer system calls on both sides):
-    /// `Ok(true)` tells the call that found `unsent` empty to
-    /// [`flush`](Self::flush).
+    /// next go out in the same write (fewer system calls on both sides),
+    /// up to [`FLUSH_AT`] bytes: `Ok(true)` tells the call that found
+    /// `unsent` empty to [`flush`](Self::flush).
     fn send(
         &self,
         write: impl FnOnce(&mut Vec<u8>),
@@ -168,7 +179,7 @@ impl Wire {
             state.waiting.push_back(tx);
             each(rx);
         }
-        if !idle || !alone {
+        if (!idle || !alone) && state.unsent.len() - state.written < FLUSH_AT {
             return Ok(idle);
         }
         self.inner.write_out(state)?;
