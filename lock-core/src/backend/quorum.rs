@@ -7,7 +7,11 @@
 //!    each bounded by the per-server timeout, so a server that is down or
 //!    slow costs at most that timeout.
 //! 3. The lock is ours if a majority (`N/2 + 1`) granted it and time is
-//!    left: `ttl - elapsed - (ttl * 1% + 2 ms) > 0`.
+//!    left: `ttl - elapsed - (ttl * 1% + 2 ms) > 0`. Without fencing this
+//!    is decided as soon as a majority has granted: the calls to the other
+//!    servers finish in the background (see [`until_majority`]), so a lock
+//!    costs the round trip of the majority's slowest server, not of the
+//!    slowest of all.
 //! 4. Otherwise release it on *every* server, including those that did not
 //!    answer (their `SET` may have been applied), and report `Busy` when the
 //!    servers that answered were held by others, or `Unavailable` when too
@@ -15,7 +19,9 @@
 //!
 //! Renewal and release go to all servers; a renewal counts only when a
 //! majority renewed before the validity deadline, and the lock is lost for
-//! certain once more than `N - majority` servers say it is not ours.
+//! certain once more than `N - majority` servers say it is not ours. A
+//! release returns once a majority has released; the rest, as above, in the
+//! background.
 //!
 //! # Fencing across servers
 //!
@@ -50,7 +56,11 @@ use crate::guard::drift;
 use crate::heartbeat::{Due, Renewal};
 use crate::observe;
 use crate::token::Token;
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -59,7 +69,9 @@ const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// N independent servers and the settings of the quorum.
 pub(crate) struct Quorum {
-    nodes: Vec<Node>,
+    /// Shared with the calls left to finish in the background (see
+    /// [`until_majority`]).
+    nodes: Arc<[Node]>,
     /// Set explicitly; otherwise 5 % of the ttl, within
     /// [`MIN_NODE_TIMEOUT`] and the operation timeout.
     node_timeout: Option<Duration>,
@@ -68,7 +80,7 @@ pub(crate) struct Quorum {
 impl Quorum {
     pub(crate) fn new(nodes: Vec<Node>, node_timeout: Option<Duration>) -> Quorum {
         Quorum {
-            nodes,
+            nodes: nodes.into(),
             node_timeout,
         }
     }
@@ -99,16 +111,42 @@ impl Quorum {
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let per_node = self.node_timeout(ttl, limit);
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .map(|node| node.acquire(keys, token, ttl, per_node)),
-        )
-        .await;
+        let answers = if keys.fence.is_none() {
+            // Without fencing nothing more is needed from the servers that
+            // answer after a majority granted.
+            let key: Arc<str> = keys.lock.into();
+            let calls = self.each_node(|nodes, i| {
+                let (key, token) = (key.clone(), token.clone());
+                async move {
+                    let keys = LockKeys {
+                        lock: &key,
+                        fence: None,
+                    };
+                    nodes[i].acquire(&keys, &token, ttl, per_node).await
+                }
+            });
+            until_majority(calls, self.majority(), |answer| {
+                matches!(answer, Ok(Attempt::Granted { .. }))
+            })
+            .await
+        } else {
+            join_all(
+                self.nodes
+                    .iter()
+                    .map(|node| node.acquire(keys, token, ttl, per_node)),
+            )
+            .await
+            .into_iter()
+            .map(Some)
+            .collect()
+        };
         let mut tally = Tally::new(self.majority());
         let mut fence = 0u64;
         let mut granted_on = Vec::with_capacity(self.nodes.len());
         for (node, answer) in self.nodes.iter().zip(answers) {
+            let Some(answer) = answer else {
+                continue;
+            };
             match answer {
                 Ok(Attempt::Granted { fence: f }) => {
                     tally.granted += 1;
@@ -182,7 +220,7 @@ impl Quorum {
                 .map(|node| node.renew(key, token, ttl, per_node)),
         )
         .await;
-        let tally = self.tally(answers);
+        let tally = self.tally(answers.into_iter().map(Some));
         if tally.granted >= tally.needed {
             Ok(true)
         } else if tally.busy > self.nodes.len() - tally.needed {
@@ -236,12 +274,13 @@ impl Quorum {
         limit: Duration,
     ) -> Result<bool, LockError> {
         let per_node = self.node_timeout.unwrap_or(limit).min(limit);
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .map(|node| node.release(key, token, per_node)),
-        )
-        .await;
+        let key: Arc<str> = key.into();
+        let calls = self.each_node(|nodes, i| {
+            let (key, token) = (key.clone(), token.clone());
+            async move { nodes[i].release(&key, &token, per_node).await }
+        });
+        let answers =
+            until_majority(calls, self.majority(), |answer| matches!(answer, Ok(true))).await;
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
@@ -259,7 +298,7 @@ impl Quorum {
                 .map(|node| async move { node.ping(limit).await.map(|()| true) }),
         )
         .await;
-        let tally = self.tally(answers);
+        let tally = self.tally(answers.into_iter().map(Some));
         if tally.granted >= tally.needed {
             Ok(())
         } else {
@@ -269,18 +308,73 @@ impl Quorum {
 }
 
 impl Quorum {
-    /// Counts per-server yes/no answers (in server order) and failures.
-    fn tally(&self, answers: Vec<Result<bool, LockError>>) -> Tally {
+    /// Counts per-server yes/no answers (in server order) and failures;
+    /// `None`: not waited for.
+    fn tally(&self, answers: impl IntoIterator<Item = Option<Result<bool, LockError>>>) -> Tally {
         let mut tally = Tally::new(self.majority());
         for (node, answer) in self.nodes.iter().zip(answers) {
             match answer {
-                Ok(true) => tally.granted += 1,
-                Ok(false) => tally.busy += 1,
-                Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
+                Some(Ok(true)) => tally.granted += 1,
+                Some(Ok(false)) => tally.busy += 1,
+                Some(Err(e)) => tally.failures.push(NodeError::new(node.addr(), e)),
+                None => {}
             }
         }
         tally
     }
+
+    /// One call per server, in server order: `call(nodes, i)` for the
+    /// `i`th, given its own share of the servers so that it can outlive the
+    /// operation (see [`until_majority`]).
+    fn each_node<F>(&self, call: impl Fn(Arc<[Node]>, usize) -> F) -> Vec<F> {
+        (0..self.nodes.len())
+            .map(|i| call(self.nodes.clone(), i))
+            .collect()
+    }
+}
+
+/// Runs `calls` (one per server, in server order) until `needed` of them
+/// answered yes, or all answered. The answers come back in server order,
+/// `None` for a call not waited for.
+///
+/// A Redlock operation is decided by the majority that answers first, so a
+/// slow server does not slow every lock. The calls still running are left
+/// to finish in a task of their own rather than dropped: their commands
+/// still reach the servers, and a server that does not answer still runs
+/// into its timeout, which replaces its connection.
+async fn until_majority<T, F>(
+    calls: Vec<F>,
+    needed: usize,
+    yes: impl Fn(&T) -> bool,
+) -> Vec<Option<T>>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut answers: Vec<Option<T>> = calls.iter().map(|_| None).collect();
+    let mut pending: FuturesUnordered<_> = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| async move { (i, call.await) })
+        .collect();
+    let mut yeses = 0;
+    while let Some((i, answer)) = pending.next().await {
+        yeses += usize::from(yes(&answer));
+        answers[i] = Some(answer);
+        if yeses >= needed {
+            break;
+        }
+    }
+    if !pending.is_empty() {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { while pending.next().await.is_some() {} });
+            }
+            // Not reached: the servers' connections need a runtime.
+            Err(_) => while pending.next().await.is_some() {},
+        }
+    }
+    answers
 }
 
 struct Tally {
