@@ -49,7 +49,7 @@ const READ_CHUNK: usize = 16 * 1024;
 /// its command sends the commands of a whole wave of replies in one write:
 /// the server idles while the client works through the wave, then the
 /// client while the server does. Writing every kilobyte keeps both busy:
-/// W2 (64 tasks, 2 cores) measured 1.1-1.2 × the minimum this way against
+/// W2 (64 tasks, 2 cores) measured 1.0-1.2 × the minimum this way against
 /// 0.8-0.85 × when waiting for the yield, and 256 B to 1.5 KiB all did
 /// about as well.
 const FLUSH_AT: usize = 1024;
