@@ -11,7 +11,9 @@
 //!    is decided as soon as a majority has granted: the calls to the other
 //!    servers finish in the background (see [`until_majority`]), so a lock
 //!    costs the round trip of the majority's slowest server, not of the
-//!    slowest of all.
+//!    slowest of all. A failed attempt waits for every answer, and its
+//!    undo (step 4) for every server, since the next attempt may send the
+//!    same token.
 //! 4. Otherwise release it on *every* server, including those that did not
 //!    answer (their `SET` may have been applied), and report `Busy` when the
 //!    servers that answered were held by others, or `Unavailable` when too
@@ -56,13 +58,20 @@ use crate::guard::drift;
 use crate::heartbeat::{Due, Renewal};
 use crate::observe;
 use crate::token::Token;
-use futures::StreamExt;
 use futures::future::join_all;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// How many calls may be left running in the background (per client) before
+/// operations wait for every server again: a server that stops answering
+/// then slows operations down to its timeout, as it did before, instead of
+/// having calls pile up on it without bound.
+const MAX_BACKGROUND: usize = 256;
 
 /// The shortest default per-server timeout.
 const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -72,6 +81,9 @@ pub(crate) struct Quorum {
     /// Shared with the calls left to finish in the background (see
     /// [`until_majority`]).
     nodes: Arc<[Node]>,
+    /// Calls left running by [`until_majority`], which stops leaving any
+    /// once there are [`MAX_BACKGROUND`].
+    background: Arc<AtomicUsize>,
     /// Set explicitly; otherwise 5 % of the ttl, within
     /// [`MIN_NODE_TIMEOUT`] and the operation timeout.
     node_timeout: Option<Duration>,
@@ -81,6 +93,7 @@ impl Quorum {
     pub(crate) fn new(nodes: Vec<Node>, node_timeout: Option<Duration>) -> Quorum {
         Quorum {
             nodes: nodes.into(),
+            background: Arc::default(),
             node_timeout,
         }
     }
@@ -125,7 +138,7 @@ impl Quorum {
                     nodes[i].acquire(&keys, &token, ttl, per_node).await
                 }
             });
-            until_majority(calls, self.majority(), |answer| {
+            until_majority(calls, self.majority(), &self.background, |answer| {
                 matches!(answer, Ok(Attempt::Granted { .. }))
             })
             .await
@@ -172,7 +185,11 @@ impl Quorum {
             }
         }
         // Not ours: undo everywhere, the silent servers included.
-        self.release(keys.lock, token, per_node).await.ok();
+        // Every server, not just a majority: the next attempt may send the
+        // same token, and must find this attempt's keys gone.
+        self.release_on(keys.lock, token, per_node, false)
+            .await
+            .ok();
         if tally.granted + tally.busy < tally.needed {
             return Err(tally.unavailable("too few Redis servers answered"));
         }
@@ -267,20 +284,47 @@ impl Quorum {
             .collect()
     }
 
+    /// Releases on every server; returns once a majority has released.
     pub(crate) async fn release(
         &self,
         key: &str,
         token: &Token,
         limit: Duration,
     ) -> Result<bool, LockError> {
+        self.release_on(key, token, limit, true).await
+    }
+
+    /// Releases on every server, returning once a majority has released
+    /// when `early`, otherwise once every server has answered or timed out.
+    async fn release_on(
+        &self,
+        key: &str,
+        token: &Token,
+        limit: Duration,
+        early: bool,
+    ) -> Result<bool, LockError> {
         let per_node = self.node_timeout.unwrap_or(limit).min(limit);
-        let key: Arc<str> = key.into();
-        let calls = self.each_node(|nodes, i| {
-            let (key, token) = (key.clone(), token.clone());
-            async move { nodes[i].release(&key, &token, per_node).await }
-        });
-        let answers =
-            until_majority(calls, self.majority(), |answer| matches!(answer, Ok(true))).await;
+        let answers = if early {
+            let key: Arc<str> = key.into();
+            let calls = self.each_node(|nodes, i| {
+                let (key, token) = (key.clone(), token.clone());
+                async move { nodes[i].release(&key, &token, per_node).await }
+            });
+            until_majority(calls, self.majority(), &self.background, |answer| {
+                matches!(answer, Ok(true))
+            })
+            .await
+        } else {
+            join_all(
+                self.nodes
+                    .iter()
+                    .map(|node| node.release(key, token, per_node)),
+            )
+            .await
+            .into_iter()
+            .map(Some)
+            .collect()
+        };
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
@@ -341,10 +385,13 @@ impl Quorum {
 /// slow server does not slow every lock. The calls still running are left
 /// to finish in a task of their own rather than dropped: their commands
 /// still reach the servers, and a server that does not answer still runs
-/// into its timeout, which replaces its connection.
+/// into its timeout, which replaces its connection. With
+/// [`MAX_BACKGROUND`] calls already left running (`background` counts
+/// them), it waits for every answer instead.
 async fn until_majority<T, F>(
     calls: Vec<F>,
     needed: usize,
+    background: &Arc<AtomicUsize>,
     yes: impl Fn(&T) -> bool,
 ) -> Vec<Option<T>>
 where
@@ -361,14 +408,29 @@ where
     while let Some((i, answer)) = pending.next().await {
         yeses += usize::from(yes(&answer));
         answers[i] = Some(answer);
-        if yeses >= needed {
+        if yeses >= needed && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
             break;
         }
     }
+    // Answers already in cost no task.
+    while let Some(Some((i, answer))) = pending.next().now_or_never() {
+        answers[i] = Some(answer);
+    }
     if !pending.is_empty() {
+        let left = pending.len();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(async move { while pending.next().await.is_some() {} });
+                background.fetch_add(left, Ordering::Relaxed);
+                let mut running = Running {
+                    left,
+                    background: background.clone(),
+                };
+                runtime.spawn(async move {
+                    while pending.next().await.is_some() {
+                        running.left -= 1;
+                        running.background.fetch_sub(1, Ordering::Relaxed);
+                    }
+                });
             }
             // Not reached: the servers' connections need a runtime.
             Err(_) => while pending.next().await.is_some() {},
@@ -403,5 +465,109 @@ impl Tally {
                 needed: self.needed,
                 failures: self.failures,
             })
+    }
+}
+
+/// The calls of one background task still counted in `background`; a task
+/// dropped unfinished (its runtime shutting down) takes its count back.
+struct Running {
+    left: usize,
+    background: Arc<AtomicUsize>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.background.fetch_sub(self.left, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use tokio::sync::oneshot;
+
+    /// Five calls, each answering what its sender sends (`false` if the
+    /// sender is dropped).
+    fn calls() -> (
+        Vec<oneshot::Sender<bool>>,
+        Vec<impl Future<Output = bool> + Send + 'static>,
+    ) {
+        (0..5)
+            .map(|_| {
+                let (tx, rx) = oneshot::channel::<bool>();
+                (tx, async move { rx.await.unwrap_or(false) })
+            })
+            .unzip()
+    }
+
+    #[tokio::test]
+    async fn a_majority_decides_and_the_rest_finish_in_the_background() {
+        let background = Arc::new(AtomicUsize::new(0));
+        let (senders, calls) = calls();
+        let mut senders = senders.into_iter();
+        for tx in senders.by_ref().take(3) {
+            tx.send(true).unwrap();
+        }
+        let decided = until_majority(calls, 3, &background, |&yes| yes);
+        let answers = tokio::time::timeout(Duration::from_secs(5), decided)
+            .await
+            .expect("waited for the calls not answered");
+        assert_eq!(
+            answers.iter().map(Option::is_some).collect::<Vec<_>>(),
+            [true, true, true, false, false]
+        );
+        assert_eq!(background.load(Ordering::Relaxed), 2);
+        for tx in senders {
+            tx.send(false).unwrap();
+        }
+        // The background task runs once this task yields.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while background.load(Ordering::Relaxed) != 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the background calls were not counted out");
+    }
+
+    #[tokio::test]
+    async fn with_too_many_calls_in_the_background_it_waits_for_every_answer() {
+        let background = Arc::new(AtomicUsize::new(MAX_BACKGROUND));
+        let (senders, calls) = calls();
+        let mut senders = senders.into_iter();
+        for tx in senders.by_ref().take(3) {
+            tx.send(true).unwrap();
+        }
+        let mut waiting = std::pin::pin!(until_majority(calls, 3, &background, |&yes| yes));
+        let early = tokio::time::timeout(Duration::from_millis(50), &mut waiting).await;
+        assert!(early.is_err(), "returned with two calls unanswered");
+        for tx in senders {
+            tx.send(false).unwrap();
+        }
+        let answers = waiting.await;
+        assert!(answers.iter().all(Option::is_some));
+        assert_eq!(background.load(Ordering::Relaxed), MAX_BACKGROUND);
+    }
+
+    #[tokio::test]
+    async fn without_a_majority_every_answer_is_waited_for() {
+        let background = Arc::new(AtomicUsize::new(0));
+        let (senders, calls) = calls();
+        for (i, tx) in senders.into_iter().enumerate() {
+            tx.send(i < 2).unwrap();
+        }
+        let answers = until_majority(calls, 3, &background, |&yes| yes).await;
+        assert_eq!(
+            answers,
+            [
+                Some(true),
+                Some(true),
+                Some(false),
+                Some(false),
+                Some(false)
+            ]
+        );
+        assert_eq!(background.load(Ordering::Relaxed), 0);
     }
 }
