@@ -8,8 +8,9 @@
 //! (unlike a real lock's) guessable, which costs nothing here.
 //!
 //! With several servers (W4) every command goes to all of them at once and
-//! the lock is held when a majority said yes; a failed majority releases
-//! whatever was taken.
+//! the lock is held as soon as a majority said yes (as lock-core does; the
+//! commands to the others are on their way, and the connections' driver
+//! tasks carry them out); a failed majority releases whatever was taken.
 
 use crate::error::{BenchResult, fail};
 use crate::servers::connect;
@@ -77,12 +78,11 @@ impl MinimumLock {
         if let [node] = self.nodes.as_slice() {
             return Ok(set(node).await?.is_some());
         }
-        let granted = join_all(self.nodes.iter().map(set))
-            .await
-            .into_iter()
-            .filter(|reply| matches!(reply, Ok(Some(_))))
-            .count();
-        if granted > self.nodes.len() / 2 {
+        if majority_yes(self.nodes.iter().map(set), |reply| {
+            matches!(reply, Ok(Some(_)))
+        })
+        .await
+        {
             return Ok(true);
         }
         // Give back the minority we may hold.
@@ -102,12 +102,7 @@ impl MinimumLock {
         if let [node] = self.nodes.as_slice() {
             return Ok(del(node).await? == 1);
         }
-        let released = join_all(self.nodes.iter().map(del))
-            .await
-            .into_iter()
-            .filter(|reply| matches!(reply, Ok(1)))
-            .count();
-        Ok(released > self.nodes.len() / 2)
+        Ok(majority_yes(self.nodes.iter().map(del), |reply| matches!(reply, Ok(1))).await)
     }
 
     /// Sequential plain `SET`s as a floor (the cheapest write, one round
@@ -172,4 +167,24 @@ impl RawFloor {
         }
         Ok(())
     }
+}
+
+/// Whether a majority of `calls` answered yes: `true` as soon as one has,
+/// `false` once every call has answered without one. Calls still running
+/// are dropped: their commands are already with the connections' drivers.
+async fn majority_yes<T>(
+    calls: impl IntoIterator<Item = impl std::future::Future<Output = T>>,
+    yes: impl Fn(&T) -> bool,
+) -> bool {
+    use futures::StreamExt;
+    let mut pending: futures::stream::FuturesUnordered<_> = calls.into_iter().collect();
+    let needed = pending.len() / 2 + 1;
+    let mut yeses = 0;
+    while let Some(answer) = pending.next().await {
+        yeses += usize::from(yes(&answer));
+        if yeses >= needed {
+            return true;
+        }
+    }
+    false
 }
