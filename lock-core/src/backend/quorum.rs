@@ -73,6 +73,10 @@ use tokio::time::Instant;
 /// having calls pile up on it without bound.
 const MAX_BACKGROUND: usize = 256;
 
+/// For [`until_majority`]: no number of yes answers is enough, wait for
+/// every answer.
+const EVERY_ANSWER: usize = usize::MAX;
+
 /// The shortest default per-server timeout.
 const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -124,35 +128,30 @@ impl Quorum {
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let per_node = self.node_timeout(ttl, limit);
-        let answers = if keys.fence.is_none() {
-            // Without fencing nothing more is needed from the servers that
-            // answer after a majority granted.
-            let key: Arc<str> = keys.lock.into();
-            let calls = self.each_node(|nodes, i| {
-                let (key, token) = (key.clone(), token.clone());
-                async move {
-                    let keys = LockKeys {
-                        lock: &key,
-                        fence: None,
-                    };
-                    nodes[i].acquire(&keys, &token, ttl, per_node).await
-                }
-            });
-            until_majority(calls, self.majority(), &self.background, |answer| {
-                matches!(answer, Ok(Attempt::Granted { .. }))
-            })
-            .await
+        // Without fencing nothing more is needed from the servers that
+        // answer after a majority granted; the fence is the highest counter
+        // of all that grant.
+        let wait_for = if keys.fence.is_none() {
+            self.majority()
         } else {
-            join_all(
-                self.nodes
-                    .iter()
-                    .map(|node| node.acquire(keys, token, ttl, per_node)),
-            )
-            .await
-            .into_iter()
-            .map(Some)
-            .collect()
+            EVERY_ANSWER
         };
+        let (lock, fence_key): (Arc<str>, Option<Arc<str>>) =
+            (keys.lock.into(), keys.fence.map(Into::into));
+        let calls = self.each_node(|nodes, i| {
+            let (lock, fence_key, token) = (lock.clone(), fence_key.clone(), token.clone());
+            async move {
+                let keys = LockKeys {
+                    lock: &lock,
+                    fence: fence_key.as_deref(),
+                };
+                nodes[i].acquire(&keys, &token, ttl, per_node).await
+            }
+        });
+        let answers = until_majority(calls, wait_for, &self.background, |answer| {
+            matches!(answer, Ok(Attempt::Granted { .. }))
+        })
+        .await;
         let mut tally = Tally::new(self.majority());
         let mut fence = 0u64;
         let mut granted_on = Vec::with_capacity(self.nodes.len());
@@ -304,27 +303,16 @@ impl Quorum {
         early: bool,
     ) -> Result<bool, LockError> {
         let per_node = self.node_timeout.unwrap_or(limit).min(limit);
-        let answers = if early {
-            let key: Arc<str> = key.into();
-            let calls = self.each_node(|nodes, i| {
-                let (key, token) = (key.clone(), token.clone());
-                async move { nodes[i].release(&key, &token, per_node).await }
-            });
-            until_majority(calls, self.majority(), &self.background, |answer| {
-                matches!(answer, Ok(true))
-            })
-            .await
-        } else {
-            join_all(
-                self.nodes
-                    .iter()
-                    .map(|node| node.release(key, token, per_node)),
-            )
-            .await
-            .into_iter()
-            .map(Some)
-            .collect()
-        };
+        let wait_for = if early { self.majority() } else { EVERY_ANSWER };
+        let key: Arc<str> = key.into();
+        let calls = self.each_node(|nodes, i| {
+            let (key, token) = (key.clone(), token.clone());
+            async move { nodes[i].release(&key, &token, per_node).await }
+        });
+        let answers = until_majority(calls, wait_for, &self.background, |answer| {
+            matches!(answer, Ok(true))
+        })
+        .await;
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
@@ -378,7 +366,7 @@ impl Quorum {
 }
 
 /// Runs `calls` (one per server, in server order) until `needed` of them
-/// answered yes, or all answered. The answers come back in server order,
+/// answered yes ([`EVERY_ANSWER`]: never), or all answered. The answers come back in server order,
 /// `None` for a call not waited for.
 ///
 /// A Redlock operation is decided by the majority that answers first, so a
