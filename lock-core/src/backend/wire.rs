@@ -187,9 +187,23 @@ impl Wire {
     }
 
     /// Writes the commands queued by the tasks that ran while this one
-    /// yielded, its own first.
+    /// yielded, its own first. Dropped during the yield (its caller timed
+    /// out or gave up), it still writes them: otherwise they would wait for
+    /// the connection's next call.
     async fn flush(&self) -> RedisResult<()> {
+        /// Writes out on drop unless disarmed.
+        struct Pending<'a>(Option<&'a Inner>);
+        impl Drop for Pending<'_> {
+            fn drop(&mut self) {
+                if let Some(inner) = self.0 {
+                    // A write error breaks the connection for every caller.
+                    let _ = inner.write_out(inner.state());
+                }
+            }
+        }
+        let mut pending = Pending(Some(&self.inner));
         tokio::task::yield_now().await;
+        pending.0 = None;
         self.inner.write_out(self.inner.state())?;
         Ok(())
     }
@@ -767,6 +781,70 @@ mod tests {
             assert!(back == big, "the value came back changed");
         }
 
+        /// A task waiting on `wire` in `BLPOP list 0`, once the server has
+        /// it blocked.
+        async fn blpop(
+            server: &RedisServer,
+            wire: &Wire,
+            list: &str,
+        ) -> tokio::task::JoinHandle<RedisResult<Value>> {
+            let waiting = {
+                let wire = wire.clone();
+                let cmd = redis::cmd("BLPOP").arg(list).arg(0).clone();
+                tokio::spawn(async move { query::<Value>(&wire, &cmd).await })
+            };
+            until(Duration::from_secs(10), "BLPOP reached the server", || {
+                server
+                    .cmd::<String>(&["CLIENT", "LIST"])
+                    .contains("cmd=blpop")
+            })
+            .await;
+            waiting
+        }
+
+        /// Waits until `done()`, checking every 5 ms; fails the test saying
+        /// `what` did not happen within `limit`.
+        async fn until(limit: Duration, what: &str, done: impl Fn() -> bool) {
+            let deadline = std::time::Instant::now() + limit;
+            while !done() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "not within {limit:?}: {what}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+
+        /// A caller dropped while it yields before writing the commands
+        /// queued behind another in flight (its timeout fired) still has
+        /// them written, rather than left for the connection's next call.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_caller_dropped_before_writing_still_writes() {
+            use futures::FutureExt;
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            let waiting = blpop(&server, &wire, "list").await;
+            let set = redis::cmd("SET").arg("k").arg("v").clone();
+            let mut conn = wire.clone();
+            {
+                let mut call = std::pin::pin!(conn.req_packed_command(&set));
+                assert!(
+                    (&mut call).now_or_never().is_none(),
+                    "SET answered without waiting"
+                );
+            }
+            // The server runs the SET once the BLPOP it queued behind is
+            // done; nothing else writes on the connection meanwhile.
+            let _: i64 = server.cmd(&["RPUSH", "list", "x"]);
+            assert!(waiting.await.unwrap().is_ok(), "BLPOP failed");
+            until(
+                Duration::from_secs(10),
+                "the dropped SET was applied",
+                || server.cmd::<Option<String>>(&["GET", "k"]).as_deref() == Some("v"),
+            )
+            .await;
+        }
+
         /// The server closing the connection fails the calls waiting on it
         /// and every later one, as a dropped connection (which the node
         /// replaces).
@@ -775,25 +853,7 @@ mod tests {
             let server = RedisServer::start();
             let wire = connect(&server).await;
             // Blocks until the connection goes.
-            let waiting = {
-                let wire = wire.clone();
-                tokio::spawn(async move {
-                    query::<()>(&wire, redis::cmd("BLPOP").arg("nothing").arg(0)).await
-                })
-            };
-            let blocked = || {
-                server
-                    .cmd::<String>(&["CLIENT", "LIST"])
-                    .contains("cmd=blpop")
-            };
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !blocked() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "BLPOP never reached the server"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            let waiting = blpop(&server, &wire, "nothing").await;
             let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
             assert_eq!(killed, 1);
             let err = waiting.await.unwrap().unwrap_err();
