@@ -9,7 +9,6 @@ use super::{Context, CycleRun, WorkloadId, progress, timed_cycle};
 use crate::contenders::{Impl, Locker, Section, lock_core_client};
 use crate::error::BenchResult;
 use crate::report::{Row, WorkloadResult};
-use crate::stats::percentile;
 use lock_core::{LockClient, MemoryStore};
 use std::time::{Duration, Instant};
 
@@ -95,18 +94,14 @@ async fn compare(
     for run in [&mut guard_run, &mut attribute_run] {
         run.elapsed = Duration::from_nanos(run.latencies_ns.iter().sum());
     }
-    let guard_median = {
-        let mut sorted = guard_run.latencies_ns.clone();
-        sorted.sort_unstable();
-        percentile(&sorted, 50.0)
-    };
+    let guard_row = guard_run.into_row(Impl::Guard, "cycles");
     differences.sort_unstable();
     let overhead = differences
         .get(differences.len() / 2)
-        .filter(|_| guard_median > 0)
-        .map(|&d| d as f64 / guard_median as f64 * 100.0);
+        .zip(guard_row.p50_us.filter(|&p50| p50 > 0.0))
+        .map(|(&d, p50_us)| d as f64 / (p50_us * 1_000.0) * 100.0);
     Ok((
-        guard_run.into_row(Impl::Guard, "cycles"),
+        guard_row,
         attribute_run.into_row(Impl::Attribute, "cycles"),
         overhead,
     ))
