@@ -5,16 +5,18 @@ use crate::backend::{
     Wakeups, redact,
 };
 use crate::backoff::Backoff;
-use crate::error::{ErrorKind, LockError};
+use crate::error::{ErrorKind, LockError, TimedOut};
 use crate::guard::{Holds, Lease, LockGuard, validity_end};
 use crate::heartbeat::Heartbeat;
-use crate::line::{Baton, HandoffBudget, Lines, Owner, Place, Turn};
+use crate::line::{Baton, HandedLease, HandoffBudget, LetGo, Lines, Owner, Place, Turn, YIELD};
 use crate::observe;
 use crate::token::Token;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -286,123 +288,158 @@ impl LockClient {
         options: LockOptions,
         attempts: &AtomicU32,
     ) -> Result<LockGuard, LockError> {
+        let request = self.request(key, &options)?;
+        let inner = &self.inner;
+        let (owner, baton) = self.join_queue(&request).await?;
+        let turn = Turn::new(&inner.lines, &request.storage_key, owner);
+        let turn = match baton {
+            Some(Baton::Lease(handed, _)) => match self.take_over(&request, handed, turn).await {
+                Ok(guard) => return Ok(guard),
+                Err(turn) => turn,
+            },
+            Some(Baton::Turn { after, .. }) if after > Duration::ZERO => {
+                tokio::time::sleep_until(request.deadline.min(Instant::now() + after)).await;
+                turn
+            }
+            _ => turn,
+        };
+        self.contend(&request, turn, attempts).await
+    }
+
+    /// Checks `options` and works out what an acquisition of `key` needs.
+    fn request<'k>(&self, key: &'k str, options: &LockOptions) -> Result<Request<'k>, LockError> {
         let inner = &self.inner;
         let ttl = options.ttl;
         check_duration("ttl", ttl, MIN_TTL).map_err(|e| e.with_key(key))?;
         let wait = options.wait.unwrap_or(inner.default_wait);
         check_duration("wait", wait, Duration::ZERO).map_err(|e| e.with_key(key))?;
         options.holds.check(ttl).map_err(|e| e.with_key(key))?;
-        let holds = options.holds;
         let storage_key = self.shared_storage_key(key)?;
-        let key_at = inner.prefix.len() + 1;
         let fence_key = options.fencing.then(|| fence_key(&storage_key));
         let started = Instant::now();
         let deadline = started + wait;
-        let contended = || {
-            LockError::new(ErrorKind::Contended)
-                .with_key(key)
-                .with_waited(started.elapsed())
-        };
+        Ok(Request {
+            key,
+            key_at: inner.prefix.len() + 1,
+            storage_key,
+            fence_key,
+            ttl,
+            renew: options.renew,
+            holds: options.holds,
+            started,
+            deadline,
+            end: deadline + inner.backend.call_bound(ttl, inner.op_timeout),
+        })
+    }
 
-        // First in this process's line for the key, or wait for the baton.
-        let (owner, baton) = loop {
+    /// Joins this process's wait queue for the key: returns once this task
+    /// is first, with the baton when one was handed over.
+    async fn join_queue(&self, request: &Request<'_>) -> Result<(Owner, Option<Baton>), LockError> {
+        let inner = &self.inner;
+        let queue = request.deadline > request.started;
+        loop {
             let place = inner
                 .lines
-                .join(&storage_key, wait > Duration::ZERO)
-                .ok_or_else(contended)?;
-            match place {
-                Place::First(owner) => break (owner, None),
+                .join(&request.storage_key, queue)
+                .ok_or_else(|| request.contended())?;
+            let (baton, holder, ahead) = match place {
+                Place::First(owner) => return Ok((owner, None)),
                 Place::Behind {
                     baton,
                     holder,
-                    owner: ahead,
-                } => match wait_in_line(&inner.lines, &storage_key, baton, holder, ahead, deadline)
-                    .await
-                {
-                    InLine::TimedOut => return Err(contended()),
-                    InLine::Front(owner, baton) => break (owner, baton),
-                    InLine::Again => continue,
-                },
+                    owner,
+                } => (baton, holder, owner),
+            };
+            let slot = BatonSlot {
+                inner,
+                key: &request.storage_key,
+                baton,
+            };
+            match slot.wait(holder, ahead, request.deadline).await {
+                InLine::TimedOut => return Err(request.contended()),
+                InLine::Front(owner, baton) => return Ok((owner, baton)),
+                InLine::Again => continue,
             }
-        };
-        let turn = Turn::new(&inner.lines, &storage_key, owner);
-        let keys = || LockKeys {
-            lock: &storage_key,
-            fence: fence_key.as_deref(),
-        };
-        match baton {
-            Some(Baton::Lease(handed, _))
-                if options.renew
-                    && fence_key.is_none()
-                    && Instant::now() + MIN_TTL < handed.valid_until =>
-            {
-                // Nothing to change in Redis now: the lease stays as it is,
-                // and the heartbeat sets it to our ttl when it is due (at
-                // once if our ttl is the longer).
-                let now = Instant::now();
-                let renew_at = handed
-                    .valid_until
-                    .checked_sub(ttl * 2 / 3)
-                    .unwrap_or(now)
-                    .max(now);
-                let lease = Lease::new(
-                    storage_key.clone(),
-                    key_at,
-                    handed.token,
-                    None,
-                    ttl,
-                    handed.valid_until,
-                    holds,
-                );
-                return Ok(LockGuard::new(
-                    inner.clone(),
-                    lease,
-                    renew_at,
-                    true,
-                    turn,
-                    false,
-                ));
-            }
-            Some(Baton::Lease(handed, _)) => {
-                let sent = Instant::now();
-                let taken = if sent < handed.valid_until {
-                    inner
-                        .backend
-                        .take_over(keys(), &handed.token, ttl, inner.op_timeout)
-                        .await
-                } else {
-                    Ok(None)
-                };
-                if let Ok(Some(Attempt::Granted { fence })) = taken {
-                    let lease = Lease::new(
-                        storage_key.clone(),
-                        key_at,
-                        handed.token,
-                        fence,
-                        ttl,
-                        validity_end(sent, ttl),
-                        holds,
-                    );
-                    return Ok(LockGuard::new(
-                        inner.clone(),
-                        lease,
-                        sent + ttl / 3,
-                        options.renew,
-                        turn,
-                        false,
-                    ));
-                }
-                // Expired, lost, or not transferable: let it go and acquire
-                // the key afresh.
-                spawn_release(inner.clone(), storage_key.clone(), handed.token, None);
-            }
-            Some(Baton::Turn { after, .. }) if after > Duration::ZERO => {
-                tokio::time::sleep_until(deadline.min(Instant::now() + after)).await;
-            }
-            _ => {}
         }
+    }
 
-        let mut token = Token::generate();
+    /// Takes over a lease the task ahead handed to this one. `Err(turn)`:
+    /// it could not be taken over (expired, lost, or not transferable) and
+    /// was let go; acquire the key afresh.
+    async fn take_over<'a>(
+        &self,
+        request: &Request<'_>,
+        handed: HandedLease,
+        turn: Turn<'a>,
+    ) -> Result<LockGuard, Turn<'a>> {
+        let inner = &self.inner;
+        let ttl = request.ttl;
+        let now = Instant::now();
+        if request.renew && request.fence_key.is_none() && now + MIN_TTL < handed.valid_until {
+            // Nothing to change in Redis now: the lease stays as it is, and
+            // the heartbeat sets it to our ttl when it is due (at once if
+            // our ttl is the longer).
+            let renew_at = handed
+                .valid_until
+                .checked_sub(ttl * 2 / 3)
+                .unwrap_or(now)
+                .max(now);
+            let lease = request.lease(handed.token, None, handed.valid_until);
+            return Ok(LockGuard::new(
+                inner.clone(),
+                lease,
+                renew_at,
+                true,
+                turn,
+                false,
+            ));
+        }
+        let sent = Instant::now();
+        if sent >= handed.valid_until {
+            spawn_release(
+                inner.clone(),
+                request.storage_key.clone(),
+                handed.token,
+                None,
+            );
+            return Err(turn);
+        }
+        // Until the answer is in, the lease is this task's to let go: if the
+        // call is cancelled, it is released in the background.
+        let held = MayHold::new(inner, &request.storage_key, handed.token);
+        let limit = request.limit(inner.op_timeout);
+        let taken = bounded(
+            limit,
+            &request.storage_key,
+            inner
+                .backend
+                .take_over(request.keys(), held.token(), ttl, limit),
+        )
+        .await;
+        let Ok(Some(Attempt::Granted { fence })) = taken else {
+            return Err(turn);
+        };
+        let lease = request.lease(held.keep(), fence, validity_end(sent, ttl));
+        Ok(LockGuard::new(
+            inner.clone(),
+            lease,
+            sent + ttl / 3,
+            request.renew,
+            turn,
+            false,
+        ))
+    }
+
+    /// Acquires the key in Redis, first in this process's queue: one
+    /// attempt, then, while the key is held elsewhere, more attempts woken
+    /// by its release message or the backoff timer, until the wait runs out.
+    async fn contend(
+        &self,
+        request: &Request<'_>,
+        turn: Turn<'_>,
+        attempts: &AtomicU32,
+    ) -> Result<LockGuard, LockError> {
+        let inner = &self.inner;
         let mut attempt: u32 = 0;
         let mut subscription: Option<Subscription> = None;
         let mut subscribe = false;
@@ -411,56 +448,42 @@ impl LockClient {
             if std::mem::take(&mut subscribe) {
                 let limit = inner
                     .op_timeout
-                    .min(deadline.saturating_duration_since(Instant::now()));
-                subscription = inner.wakeups.subscribe(&storage_key, limit).await;
+                    .min(request.deadline.saturating_duration_since(Instant::now()));
+                subscription = inner.wakeups.subscribe(&request.storage_key, limit).await;
             }
             // Listen before asking, so a release in between is not missed.
             let mut released = std::pin::pin!(subscription.as_ref().map(Subscription::released));
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
-            let sent = Instant::now();
             attempts.fetch_add(1, Ordering::Relaxed);
-            let outcome = inner
-                .backend
-                .acquire(keys(), &token, ttl, inner.op_timeout)
-                .await;
-            let last_error = match outcome {
-                Ok(Attempt::Granted { fence }) => {
-                    let lease = Lease::new(
-                        storage_key.clone(),
-                        key_at,
-                        token,
-                        fence,
-                        ttl,
-                        validity_end(sent, ttl),
-                        holds,
-                    );
+            let last_error = match self.attempt(request).await {
+                Ok(Won(token, fence, sent)) => {
+                    let ttl = request.ttl;
+                    let lease = request.lease(token, fence, validity_end(sent, ttl));
                     return Ok(LockGuard::new(
                         inner.clone(),
                         lease,
                         sent + ttl / 3,
-                        options.renew,
+                        request.renew,
                         turn,
                         true,
                     ));
                 }
-                Ok(Attempt::Busy) => None,
-                Err(e) if e.kind() == ErrorKind::Unavailable => {
-                    // The SET may have been applied with its answer lost:
-                    // give that token up and never reuse it.
-                    spawn_release(inner.clone(), storage_key.clone(), token, None);
-                    token = Token::generate();
-                    Some(e)
+                Err(Lost::Busy) => None,
+                Err(Lost::Retry(e)) => Some(e),
+                Err(Lost::Fail(e)) => {
+                    return Err(e
+                        .with_key(request.key)
+                        .with_waited(request.started.elapsed()));
                 }
-                Err(e) => return Err(e.with_key(key).with_waited(started.elapsed())),
             };
             let now = Instant::now();
-            if now >= deadline {
+            if now >= request.deadline {
                 if let Some(e) = last_error {
-                    return Err(e.with_key(key).with_waited(now - started));
+                    return Err(e.with_key(request.key).with_waited(now - request.started));
                 }
-                return Err(self.contended_or_foreign(key, &storage_key, started).await);
+                return Err(self.contended_or_foreign(request).await);
             }
             if !listening && last_error.is_none() {
                 // Held elsewhere: from now on, hear its release, and ask
@@ -472,9 +495,9 @@ impl LockClient {
             let pause = inner
                 .backoff
                 .delay(attempt)
-                .min(deadline.saturating_duration_since(Instant::now()));
+                .min(request.deadline.saturating_duration_since(Instant::now()));
             attempt = attempt.saturating_add(1);
-            observe::retry(key, attempt, pause);
+            observe::retry(request.key, attempt, pause);
             match released.as_mut().as_pin_mut() {
                 Some(released) => {
                     let _ = tokio::time::timeout(pause, released).await;
@@ -484,23 +507,52 @@ impl LockClient {
         }
     }
 
-    /// The error for a wait that ran out: `Contended`, unless the key is not
-    /// a lock at all (checked only on this failure path).
-    async fn contended_or_foreign(
-        &self,
-        key: &str,
-        storage_key: &str,
-        started: Instant,
-    ) -> LockError {
+    /// One attempt in Redis, with a token of its own: a late answer to an
+    /// earlier attempt (or its undo) can never touch a later one's key.
+    async fn attempt(&self, request: &Request<'_>) -> Result<Won, Lost> {
         let inner = &self.inner;
-        let waited = started.elapsed();
-        if let Some(kind) = inner
-            .backend
-            .foreign_type(storage_key, inner.op_timeout)
-            .await
+        // Should this future be dropped before the answer is in, the SET may
+        // still be applied: the token is then released in the background.
+        let held = MayHold::new(inner, &request.storage_key, Token::generate());
+        let limit = request.limit(inner.op_timeout);
+        let sent = Instant::now();
+        let outcome = bounded(
+            limit,
+            &request.storage_key,
+            inner
+                .backend
+                .acquire(request.keys(), held.token(), request.ttl, limit),
+        )
+        .await;
+        match outcome {
+            Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
+            Ok(Attempt::Busy) => {
+                held.keep();
+                Err(Lost::Busy)
+            }
+            // The SET may have been applied with its answer lost: `held`
+            // releases that token as it goes.
+            Err(e) if e.kind() == ErrorKind::Unavailable => Err(Lost::Retry(e)),
+            Err(e) => Err(Lost::Fail(e)),
+        }
+    }
+
+    /// The error for a wait that ran out: `Contended`, unless the key is not
+    /// a lock at all (checked only on this failure path, and only within
+    /// what is left of the acquisition's bound).
+    async fn contended_or_foreign(&self, request: &Request<'_>) -> LockError {
+        let inner = &self.inner;
+        let waited = request.started.elapsed();
+        let limit = request.limit(inner.op_timeout);
+        let storage_key = &request.storage_key;
+        if limit > Duration::ZERO
+            && let Some(kind) = inner
+                .backend
+                .foreign_type(storage_key, request.ttl, limit)
+                .await
         {
             return LockError::new(ErrorKind::Server)
-                .with_key(key)
+                .with_key(request.key)
                 .with_waited(waited)
                 .with_message(format!(
                     "Redis key {storage_key:?} holds a {kind}, not a lock; another \
@@ -508,7 +560,7 @@ impl LockClient {
                 ));
         }
         LockError::new(ErrorKind::Contended)
-            .with_key(key)
+            .with_key(request.key)
             .with_waited(waited)
     }
 
@@ -574,13 +626,143 @@ impl LockClient {
         self.inner.heartbeat.len()
     }
 
+    /// How many keys some task of this client holds, or waits for or is
+    /// acquiring, in its in-process queue: back to zero once every guard is
+    /// released or dropped and no acquisition is under way. For tests that
+    /// check nothing is left behind; not a stable API.
+    #[doc(hidden)]
+    pub fn queued_keys(&self) -> usize {
+        self.inner.lines.len()
+    }
+
     /// One round trip to Redis, bounded by the operation timeout.
     pub async fn ping(&self) -> Result<(), LockError> {
         self.inner.backend.ping(self.inner.op_timeout).await
     }
 }
 
-/// How a wait in line ended.
+/// What one acquisition needs to know, worked out once.
+struct Request<'k> {
+    /// The key as the caller named it.
+    key: &'k str,
+    storage_key: Arc<str>,
+    /// Where `key` starts in `storage_key`.
+    key_at: usize,
+    fence_key: Option<String>,
+    ttl: Duration,
+    renew: bool,
+    holds: Holds,
+    started: Instant,
+    /// When the wait runs out: no attempt starts later.
+    deadline: Instant,
+    /// The deadline plus one call's bound: nothing waits on Redis past it.
+    end: Instant,
+}
+
+impl Request<'_> {
+    fn keys(&self) -> LockKeys<'_> {
+        LockKeys {
+            lock: &self.storage_key,
+            fence: self.fence_key.as_deref(),
+        }
+    }
+
+    /// The bound of one call: `call`, cut to what is left before `end`.
+    fn limit(&self, call: Duration) -> Duration {
+        call.min(self.end.saturating_duration_since(Instant::now()))
+    }
+
+    fn contended(&self) -> LockError {
+        LockError::new(ErrorKind::Contended)
+            .with_key(self.key)
+            .with_waited(self.started.elapsed())
+    }
+
+    fn lease(&self, token: Token, fence: Option<u64>, valid_until: Instant) -> Lease {
+        Lease::new(
+            self.storage_key.clone(),
+            self.key_at,
+            token,
+            fence,
+            self.ttl,
+            valid_until,
+            self.holds,
+        )
+    }
+}
+
+/// A won attempt: the token now stored under the key, the fencing token,
+/// and when the command was sent (where the lease's validity starts).
+struct Won(Token, Option<u64>, Instant);
+
+/// Why an attempt did not win.
+enum Lost {
+    /// Someone else holds the key.
+    Busy,
+    /// No answer, or a passing one (the server loading, busy, failing
+    /// over): try again within the wait.
+    Retry(LockError),
+    /// An answer that waiting will not change.
+    Fail(LockError),
+}
+
+/// A token that may be stored under a key while a call about it is in
+/// flight. Dropped before [`keep`](Self::keep) (the caller's future dropped,
+/// the call failed or timed out), it is released in the background, so a
+/// cancelled acquisition never leaves the key held by nobody until its ttl.
+struct MayHold<'a> {
+    inner: &'a Arc<ClientInner>,
+    key: &'a Arc<str>,
+    token: Token,
+    armed: bool,
+}
+
+impl<'a> MayHold<'a> {
+    fn new(inner: &'a Arc<ClientInner>, key: &'a Arc<str>, token: Token) -> MayHold<'a> {
+        MayHold {
+            inner,
+            key,
+            token,
+            armed: true,
+        }
+    }
+
+    fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The outcome is known: nothing to release (the lock is ours, or was
+    /// never taken).
+    fn keep(mut self) -> Token {
+        self.armed = false;
+        self.token.clone()
+    }
+}
+
+impl Drop for MayHold<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let token = self.token.clone();
+            spawn_release(self.inner.clone(), self.key.clone(), token, None);
+        }
+    }
+}
+
+/// Bounds `call` by `limit`: an `Unavailable` timeout when it runs out.
+async fn bounded<T>(
+    limit: Duration,
+    key: &str,
+    call: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(LockError::new(ErrorKind::Unavailable)
+            .with_message(format!("no answer about {key} within {limit:?}"))
+            .with_source(TimedOut { after: limit })),
+    }
+}
+
+/// How a wait in the queue ended.
 enum InLine {
     /// The wait ran out.
     TimedOut,
@@ -590,39 +772,82 @@ enum InLine {
     Again,
 }
 
-/// Waits behind the task ahead until it hands over, or until its lease is
-/// lost (then moves up front itself), or until `deadline`.
-async fn wait_in_line(
-    lines: &Lines,
-    key: &str,
-    mut baton: tokio::sync::oneshot::Receiver<Baton>,
-    holder: Option<Arc<Lease>>,
-    ahead: Owner,
-    deadline: Instant,
-) -> InLine {
-    let waited = async {
-        if let Some(holder) = holder {
-            tokio::select! {
-                received = &mut baton => return received.ok(),
-                () = holder.lost() => {
-                    if let Some(owner) = lines.overtake(key, ahead) {
-                        return Some(Baton::Turn { after: Duration::ZERO, owner });
+/// A waiter's place in the queue: the receiver of its baton.
+///
+/// Dropped before the baton was taken out (the wait ran out just as it came,
+/// or the caller's future was dropped), it closes the channel and passes on
+/// whatever was handed to it already: the turn to the next waiter, the
+/// lease to the next waiter or back to Redis. A key is never left with a
+/// waiter that is gone.
+struct BatonSlot<'a> {
+    inner: &'a Arc<ClientInner>,
+    key: &'a Arc<str>,
+    baton: oneshot::Receiver<Baton>,
+}
+
+impl BatonSlot<'_> {
+    /// Waits behind the task ahead until it hands over, or until its lease
+    /// is lost (then moves up front itself), or until `deadline`.
+    async fn wait(mut self, holder: Option<Arc<Lease>>, ahead: Owner, deadline: Instant) -> InLine {
+        let lines = &self.inner.lines;
+        let key = self.key;
+        let baton = &mut self.baton;
+        let waited = async {
+            if let Some(holder) = holder {
+                tokio::select! {
+                    received = &mut *baton => return received.ok(),
+                    () = holder.lost() => {
+                        if let Some(owner) = lines.overtake(key, ahead) {
+                            return Some(Baton::Turn { after: Duration::ZERO, owner });
+                        }
                     }
                 }
             }
-        }
-        (&mut baton).await.ok()
-    };
-    match tokio::time::timeout_at(deadline, waited).await {
-        Err(_) => InLine::TimedOut,
-        Ok(None) => InLine::Again,
-        Ok(Some(baton)) => {
-            let owner = match &baton {
-                Baton::Lease(_, owner) | Baton::Turn { owner, .. } => *owner,
-            };
-            InLine::Front(owner, Some(baton))
+            baton.await.ok()
+        };
+        match tokio::time::timeout_at(deadline, waited).await {
+            Err(_) => InLine::TimedOut,
+            Ok(None) => InLine::Again,
+            Ok(Some(baton)) => {
+                let owner = match &baton {
+                    Baton::Lease(_, owner) | Baton::Turn { owner, .. } => *owner,
+                };
+                InLine::Front(owner, Some(baton))
+            }
         }
     }
+}
+
+impl Drop for BatonSlot<'_> {
+    fn drop(&mut self) {
+        self.baton.close();
+        if let Ok(baton) = self.baton.try_recv() {
+            pass_on(self.inner, self.key, baton);
+        }
+    }
+}
+
+/// Passes on a baton its receiver will never use.
+fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, baton: Baton) {
+    let (handed, owner) = match baton {
+        Baton::Turn { after, owner } => return inner.lines.pass(key, owner, after),
+        Baton::Lease(handed, owner) => (handed, owner),
+    };
+    let token = handed.token.clone();
+    let usable = Instant::now() + MIN_TTL < handed.valid_until;
+    let spent =
+        match inner
+            .lines
+            .let_go(key, owner, move || usable.then_some(handed), inner.handoff)
+        {
+            LetGo::HandedOff => return,
+            LetGo::Ended => return spawn_release(inner.clone(), key.clone(), token, None),
+            LetGo::Release { spent } => spent,
+        };
+    spawn_release(inner.clone(), key.clone(), token, None);
+    inner
+        .lines
+        .pass(key, owner, if spent { YIELD } else { Duration::ZERO });
 }
 
 /// Releases a lock in the background, bounded by the operation timeout; does

@@ -321,6 +321,11 @@ impl StdError for QuorumFailure {}
 /// A refusal by an ACL (`NOPERM`, also from a command inside a script) says
 /// which permission is missing and how to grant it; a failed login says to
 /// check the credentials.
+/// Error codes a server answers while it cannot serve for a moment: waiting
+/// helps, so they count as [`ErrorKind::Unavailable`] (retried within an
+/// acquisition's wait, and by the heartbeat), not as a final answer.
+const PASSING: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"];
+
 pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
     const LOCK_CLIENT_ACL: &str = "+set +get +del +pexpire +incr +evalsha +script|load +publish \
@@ -362,14 +367,21 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
         )
     }
 
+    let passing = err.code().filter(|code| PASSING.contains(code));
     let kind = match err.kind() {
+        _ if passing.is_some() => ErrorKind::Unavailable,
         redis::ErrorKind::Server(_) | redis::ErrorKind::Extension => ErrorKind::Server,
         redis::ErrorKind::AuthenticationFailed => ErrorKind::Server,
         redis::ErrorKind::InvalidClientConfig => ErrorKind::Config,
         _ => ErrorKind::Unavailable,
     };
     let detail = err.detail().unwrap_or_default();
-    let message = if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    let message = if let Some(code) = passing {
+        Some(format!(
+            "the server cannot serve for a moment ({code}: loading its data, running a long \
+             script, or a failover under way); acquisitions try again within their wait"
+        ))
+    } else if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
         || detail.contains("no permissions to")
         || detail.contains("can't run this command")
         || detail.contains("ACL failure")
@@ -425,6 +437,33 @@ mod tests {
         });
         assert!(err.is_timeout());
         assert!(err.source().is_some());
+    }
+
+    #[test]
+    fn passing_server_states_are_unavailable_and_say_so() {
+        for (kind, code) in [
+            (redis::ServerErrorKind::BusyLoading, "LOADING"),
+            (redis::ServerErrorKind::TryAgain, "TRYAGAIN"),
+            (redis::ServerErrorKind::ClusterDown, "CLUSTERDOWN"),
+            (redis::ServerErrorKind::MasterDown, "MASTERDOWN"),
+        ] {
+            let err = from_redis(redis::RedisError::from((
+                redis::ErrorKind::Server(kind),
+                "the server cannot serve",
+            )));
+            assert_eq!(err.kind(), ErrorKind::Unavailable, "{code}");
+            assert!(err.to_string().contains(code), "{err}");
+        }
+        let busy = from_redis(redis::make_extension_error(
+            "BUSY".to_owned(),
+            Some("Redis is busy running a script.".to_owned()),
+        ));
+        assert_eq!(busy.kind(), ErrorKind::Unavailable, "{busy}");
+        let wrong_type = from_redis(redis::make_extension_error(
+            "WRONGTYPE".to_owned(),
+            Some("Operation against a key holding the wrong kind of value".to_owned()),
+        ));
+        assert_eq!(wrong_type.kind(), ErrorKind::Server, "{wrong_type}");
     }
 
     #[test]

@@ -221,7 +221,7 @@ pub struct LockGuard {
     client: Arc<ClientInner>,
     lease: Arc<Lease>,
     heartbeat: Option<Enrolment>,
-    released: bool,
+    stage: Stage,
     /// Until it lets go, the guard is first in its process's line for the
     /// key (`line.rs`) and must pass the turn on, whatever happens.
     holds_line: bool,
@@ -244,7 +244,7 @@ impl LockGuard {
             client,
             lease,
             heartbeat,
-            released: false,
+            stage: Stage::Held,
             holds_line: true,
             owner,
         }
@@ -331,6 +331,12 @@ impl LockGuard {
         {
             Ok(true) => {
                 lease.renewed(sent, ttl);
+                // The next renewal comes a third of the new ttl from now:
+                // after an extension to a shorter ttl, the old schedule
+                // would come too late.
+                if let Some(enrolment) = self.heartbeat {
+                    self.client.heartbeat.reschedule(enrolment, sent + ttl / 3);
+                }
                 Ok(())
             }
             Ok(false) => {
@@ -348,49 +354,47 @@ impl LockGuard {
     /// An error ([`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable)) comes within the operation
     /// timeout; the lease then expires by itself.
     pub async fn release(mut self) -> Result<bool, LockError> {
-        self.released = true;
         self.stop_heartbeat();
-        if let Some(keep_for) = self.lease.keep_for() {
-            // min_hold: shorten the lease to what is left of it, keep the key.
-            let lease = &self.lease;
-            let result = if lease.is_lost() {
-                Ok(false)
-            } else {
-                self.client
-                    .backend
-                    .renew(
-                        &lease.storage_key,
-                        &lease.token,
-                        keep_for,
-                        self.client.op_timeout,
-                    )
-                    .await
-            };
-            lease.retire();
-            if let Ok(owned) = result {
-                observe::released(self.key(), lease.acquired, owned);
-            }
-            self.pass_line(false);
-            return result.map_err(|e| e.with_key(self.key()));
-        }
-        let spent = match self.let_go() {
-            LetGo::HandedOff => {
-                self.holds_line = false;
-                observe::released(self.key(), self.lease.acquired, true);
-                return Ok(true);
-            }
-            LetGo::Ended => {
-                self.holds_line = false;
-                false
-            }
-            LetGo::Release { spent } => spent,
+        let lease = self.lease.clone();
+        let keep_for = lease.keep_for();
+        let spent = match keep_for {
+            // A lease kept for its min_hold is shortened, never handed on.
+            Some(_) => false,
+            None => match self.let_go() {
+                LetGo::HandedOff => {
+                    self.stage = Stage::Done;
+                    self.holds_line = false;
+                    observe::released(self.key(), lease.acquired, true);
+                    return Ok(true);
+                }
+                LetGo::Ended => {
+                    self.holds_line = false;
+                    false
+                }
+                LetGo::Release { spent } => spent,
+            },
         };
-        let lease = &self.lease;
-        let result = self
-            .client
-            .backend
-            .release(&lease.storage_key, &lease.token, self.client.op_timeout)
-            .await;
+        // Should this future be dropped from here on, `Drop` sends the
+        // release again in the background (both commands are safe to
+        // repeat).
+        self.stage = Stage::Releasing { spent };
+        let limit = self.client.op_timeout;
+        let backend = &self.client.backend;
+        let result = match keep_for {
+            // min_hold: shorten the lease to what is left of it, keep the key.
+            Some(_) if lease.is_lost() => Ok(false),
+            Some(keep_for) => {
+                backend
+                    .renew(&lease.storage_key, &lease.token, keep_for, limit)
+                    .await
+            }
+            None => {
+                backend
+                    .release(&lease.storage_key, &lease.token, limit)
+                    .await
+            }
+        };
+        self.stage = Stage::Done;
         lease.retire();
         if let Ok(owned) = result {
             observe::released(self.key(), lease.acquired, owned);
@@ -438,39 +442,64 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_heartbeat();
-        let mut spent = false;
-        if !std::mem::replace(&mut self.released, true) {
-            let owned = !self.lease.is_lost();
-            let release = match self.let_go() {
-                LetGo::HandedOff => {
-                    self.holds_line = false;
-                    false
-                }
-                LetGo::Ended => {
-                    self.holds_line = false;
-                    true
-                }
-                LetGo::Release {
-                    spent: budget_spent,
-                } => {
-                    spent = budget_spent;
-                    true
-                }
-            };
-            if release {
-                spawn_release(
-                    self.client.clone(),
-                    self.lease.storage_key.clone(),
-                    self.lease.token.clone(),
-                    self.lease.keep_for(),
-                );
+        let spent = match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Held => self.let_go_in_background(),
+            // `release` was dropped before its answer came: the command may
+            // never have been sent.
+            Stage::Releasing { spent } => {
+                self.release_in_background();
+                spent
             }
-            observe::released(self.key(), self.lease.acquired, owned);
-            self.lease.retire();
-        }
-        // Also when `release` was cancelled mid-way.
+            Stage::Done => false,
+        };
         self.pass_line(spent);
     }
+}
+
+impl LockGuard {
+    /// The guard dropped while held: hands the lease on or releases it in
+    /// the background. Returns whether a hand-off budget ran out.
+    fn let_go_in_background(&mut self) -> bool {
+        let owned = !self.lease.is_lost();
+        let (release, spent) = match self.let_go() {
+            LetGo::HandedOff => {
+                self.holds_line = false;
+                (false, false)
+            }
+            LetGo::Ended => {
+                self.holds_line = false;
+                (true, false)
+            }
+            LetGo::Release { spent } => (true, spent),
+        };
+        if release {
+            self.release_in_background();
+        }
+        observe::released(self.key(), self.lease.acquired, owned);
+        spent
+    }
+
+    fn release_in_background(&self) {
+        spawn_release(
+            self.client.clone(),
+            self.lease.storage_key.clone(),
+            self.lease.token.clone(),
+            self.lease.keep_for(),
+        );
+        self.lease.retire();
+    }
+}
+
+/// Where a guard is in letting go.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// The lock is held.
+    Held,
+    /// `release` sent (or is about to send) its command and awaits the
+    /// answer; `spent`: a hand-off budget ran out.
+    Releasing { spent: bool },
+    /// Released, handed on, or dropped.
+    Done,
 }
 
 impl fmt::Debug for LockGuard {

@@ -198,6 +198,22 @@ impl Heartbeat {
         id
     }
 
+    /// Moves a lease's next renewal to `due` (after `extend` changed its
+    /// ttl), waking the task when that is earlier than it would wake.
+    pub(crate) fn reschedule(&self, enrolment: Enrolment, due: Instant) {
+        let wake = {
+            let mut schedule = self.lock();
+            let Some(entry) = schedule.leases.get_mut(enrolment) else {
+                return;
+            };
+            entry.due = due;
+            schedule.alarm.is_some_and(|alarm| due < alarm)
+        };
+        if wake {
+            self.wake.notify_one();
+        }
+    }
+
     /// Stops renewing a lease.
     pub(crate) fn leave(&self, enrolment: Enrolment) {
         self.lock().leases.remove(enrolment);

@@ -160,6 +160,21 @@ impl Lines {
         self.shards[at].0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many keys have a line: held, or being acquired, by some task.
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                shard
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .lines
+                    .len()
+            })
+            .sum()
+    }
+
     /// Joins the line for `key`; `queue: false` only looks (a caller that
     /// will not wait), and gets `None` when someone is ahead. A holder whose
     /// lease is lost is no longer ahead of anyone.

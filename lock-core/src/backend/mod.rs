@@ -190,25 +190,32 @@ impl Backend {
         }
     }
 
+    /// The longest one call about a lock of `ttl` waits on the servers,
+    /// given the operation timeout: that timeout, or Redlock's per-server
+    /// timeout (a call there is decided by the servers that answer within
+    /// it).
+    pub(crate) fn call_bound(&self, ttl: Duration, op_timeout: Duration) -> Duration {
+        match self {
+            Backend::Redlock(quorum) => quorum.node_timeout(ttl, op_timeout),
+            _ => op_timeout,
+        }
+    }
+
     /// A type other than a string found at a lock key: some other program
     /// uses the key, and waiting will never help.
-    pub(crate) async fn foreign_type(&self, key: &str, limit: Duration) -> Option<String> {
-        if let Backend::Cluster(node) = self {
-            return node
-                .key_type(key, limit)
-                .await
-                .ok()
-                .filter(|kind| kind != "string" && kind != "none");
+    pub(crate) async fn foreign_type(
+        &self,
+        key: &str,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Option<String> {
+        let foreign = |kind: String| (kind != "string" && kind != "none").then_some(kind);
+        match self {
+            Backend::Single(node) => node.key_type(key, limit).await.ok().and_then(foreign),
+            Backend::Cluster(node) => node.key_type(key, limit).await.ok().and_then(foreign),
+            Backend::Redlock(quorum) => quorum.key_type(key, ttl, limit).await.and_then(foreign),
+            Backend::Memory(_) => None,
         }
-        for node in self.nodes() {
-            if let Ok(kind) = node.key_type(key, limit).await
-                && kind != "string"
-                && kind != "none"
-            {
-                return Some(kind);
-            }
-        }
-        None
     }
 
     /// The wake-up channels for this backend's servers. A Sentinel node has

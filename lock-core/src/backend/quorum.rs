@@ -11,19 +11,20 @@
 //!    is decided as soon as a majority has granted: the calls to the other
 //!    servers finish in the background (see [`until_majority`]), so a lock
 //!    costs the round trip of the majority's slowest server, not of the
-//!    slowest of all. A failed attempt waits for every answer, and its
-//!    undo (step 4) for every server, since the next attempt may send the
-//!    same token.
+//!    slowest of all. An attempt that can no longer win (more servers said
+//!    no than a majority allows) is decided as soon as that is known, too.
 //! 4. Otherwise release it on *every* server, including those that did not
-//!    answer (their `SET` may have been applied), and report `Busy` when the
-//!    servers that answered were held by others, or `Unavailable` when too
-//!    few answered to decide.
+//!    answer (their `SET` may have been applied), in the background, and
+//!    report `Busy` when the servers that answered were held by others, or
+//!    `Unavailable` when too few answered to decide. Every attempt sends a
+//!    token of its own, so a late undo cannot delete a later attempt's key.
 //!
 //! Renewal and release go to all servers; a renewal counts only when a
 //! majority renewed before the validity deadline, and the lock is lost for
 //! certain once more than `N - majority` servers say it is not ours. A
-//! release returns once a majority has released; the rest, as above, in the
-//! background.
+//! release, an `extend` and a ping return once a majority has answered; the
+//! rest, as above, in the background. A server that stops answering thus
+//! costs an operation at most the per-server timeout, never more.
 //!
 //! # Fencing across servers
 //!
@@ -183,10 +184,10 @@ impl Quorum {
                 return Ok(Attempt::Granted { fence: Some(fence) });
             }
         }
-        // Not ours: undo everywhere, the silent servers included.
-        // Every server, not just a majority: the next attempt may send the
-        // same token, and must find this attempt's keys gone.
-        self.release_on(keys.lock, token, per_node, false)
+        // Not ours: undo everywhere, the silent servers included, without
+        // waiting for it: every attempt has a token of its own, so a late
+        // undo can never delete a later attempt's key.
+        self.release_on(keys.lock, token, per_node, Wait::Nothing)
             .await
             .ok();
         if tally.granted + tally.busy < tally.needed {
@@ -230,13 +231,16 @@ impl Quorum {
         limit: Duration,
     ) -> Result<bool, LockError> {
         let per_node = self.node_timeout(ttl, limit);
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .map(|node| node.renew(key, token, ttl, per_node)),
-        )
+        let key: Arc<str> = key.into();
+        let calls = self.each_node(|nodes, i| {
+            let (key, token) = (key.clone(), token.clone());
+            async move { nodes[i].renew(&key, &token, ttl, per_node).await }
+        });
+        let answers = until_majority(calls, self.majority(), &self.background, |answer| {
+            matches!(answer, Ok(true))
+        })
         .await;
-        let tally = self.tally(answers.into_iter().map(Some));
+        let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
         } else if tally.busy > self.nodes.len() - tally.needed {
@@ -290,20 +294,23 @@ impl Quorum {
         token: &Token,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        self.release_on(key, token, limit, true).await
+        self.release_on(key, token, limit, Wait::Majority).await
     }
 
-    /// Releases on every server, returning once a majority has released
-    /// when `early`, otherwise once every server has answered or timed out.
+    /// Releases on every server, returning as `wait` says; the calls not
+    /// waited for finish in the background.
     async fn release_on(
         &self,
         key: &str,
         token: &Token,
         limit: Duration,
-        early: bool,
+        wait: Wait,
     ) -> Result<bool, LockError> {
         let per_node = self.node_timeout.unwrap_or(limit).min(limit);
-        let wait_for = if early { self.majority() } else { EVERY_ANSWER };
+        let wait_for = match wait {
+            Wait::Majority => self.majority(),
+            Wait::Nothing => 0,
+        };
         let key: Arc<str> = key.into();
         let calls = self.each_node(|nodes, i| {
             let (key, token) = (key.clone(), token.clone());
@@ -323,20 +330,55 @@ impl Quorum {
         }
     }
 
+    /// A round trip to every server; `Ok` once a majority answered.
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .map(|node| async move { node.ping(limit).await.map(|()| true) }),
-        )
+        let per_node = self.node_timeout.unwrap_or(limit).min(limit);
+        let calls =
+            self.each_node(|nodes, i| async move { nodes[i].ping(per_node).await.map(|()| true) });
+        let answers = until_majority(calls, self.majority(), &self.background, |answer| {
+            matches!(answer, Ok(true))
+        })
         .await;
-        let tally = self.tally(answers.into_iter().map(Some));
+        let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(())
         } else {
             Err(tally.unavailable("too few Redis servers answered"))
         }
     }
+
+    /// The Redis type of `key` as a majority of the servers see it: the
+    /// first type other than a string found, or `None`. Servers that do not
+    /// answer within the per-server timeout are not waited for.
+    pub(crate) async fn key_type(
+        &self,
+        key: &str,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Option<String> {
+        let per_node = self.node_timeout(ttl, limit);
+        let key: Arc<str> = key.into();
+        let calls = self.each_node(|nodes, i| {
+            let key = key.clone();
+            async move { nodes[i].key_type(&key, per_node).await }
+        });
+        let plain = |answer: &Result<String, LockError>| matches!(answer, Ok(kind) if kind == "string" || kind == "none");
+        let answers = until_majority(calls, self.majority(), &self.background, plain).await;
+        answers.into_iter().flatten().find_map(|answer| {
+            answer
+                .ok()
+                .filter(|kind| kind != "string" && kind != "none")
+        })
+    }
+}
+
+/// How long [`Quorum::release_on`] waits.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Until a majority released (or can no longer release).
+    Majority,
+    /// For nothing: the releases run in the background.
+    Nothing,
 }
 
 impl Quorum {
@@ -366,8 +408,9 @@ impl Quorum {
 }
 
 /// Runs `calls` (one per server, in server order) until `needed` of them
-/// answered yes ([`EVERY_ANSWER`]: never), or all answered. The answers come back in server order,
-/// `None` for a call not waited for.
+/// answered yes ([`EVERY_ANSWER`]: never; 0: at once), until so many said
+/// no that `needed` yes answers can no longer come, or until all answered.
+/// The answers come back in server order, `None` for a call not waited for.
 ///
 /// A Redlock operation is decided by the majority that answers first, so a
 /// slow server does not slow every lock. The calls still running are left
@@ -392,13 +435,24 @@ where
         .enumerate()
         .map(|(i, call)| async move { (i, call.await) })
         .collect();
-    let mut yeses = 0;
-    while let Some((i, answer)) = pending.next().await {
-        yeses += usize::from(yes(&answer));
-        answers[i] = Some(answer);
-        if yeses >= needed && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
+    // More "no" answers than this and `needed` yes answers can no longer
+    // come: the outcome is decided without the servers still silent.
+    let most_no = answers.len().checked_sub(needed);
+    let (mut yeses, mut noes) = (0, 0);
+    loop {
+        let decided = yeses >= needed || most_no.is_some_and(|most| noes > most);
+        if decided && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
             break;
         }
+        let Some((i, answer)) = pending.next().await else {
+            break;
+        };
+        if yes(&answer) {
+            yeses += 1;
+        } else {
+            noes += 1;
+        }
+        answers[i] = Some(answer);
     }
     // Answers already in cost no task.
     while let Some(Some((i, answer))) = pending.next().now_or_never() {

@@ -21,7 +21,7 @@
 //! waits on, should an unsubscribe have been lost with a connection.
 
 use futures::StreamExt;
-use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -149,7 +149,7 @@ impl Wakeups {
     }
 
     /// Subscribes to releases of `channel` on every server, waiting at most
-    /// `limit` for the servers to confirm. `None` when no server could
+    /// `limit` for the first server to confirm. `None` when no server could
     /// subscribe: the caller falls back to its timer.
     pub(crate) async fn subscribe(&self, channel: &str, limit: Duration) -> Option<Subscription> {
         let entry = {
@@ -181,10 +181,23 @@ impl Wakeups {
             // In-process locks: releases notify the channels directly.
             return Some(subscription);
         }
-        let confirmations = handles.iter().map(|handle| handle.subscribe(channel));
-        let confirmed = tokio::time::timeout(limit, join_all(confirmations))
-            .await
-            .is_ok_and(|answers| answers.into_iter().any(|ok| ok));
+        // The first server that confirms is enough to hear a release (each
+        // release publishes on every server it reaches, a majority at
+        // least): a server that does not answer must not hold up the
+        // waiter. The others' subscriptions go on in their hubs.
+        let mut confirmations: FuturesUnordered<_> = handles
+            .iter()
+            .map(|handle| handle.subscribe(channel))
+            .collect();
+        let first = async {
+            while let Some(ok) = confirmations.next().await {
+                if ok {
+                    return true;
+                }
+            }
+            false
+        };
+        let confirmed = tokio::time::timeout(limit, first).await.unwrap_or(false);
         confirmed.then_some(subscription)
     }
 }
