@@ -1,0 +1,336 @@
+//! Every public async operation, polled N times and dropped, for every N
+//! until it completes: after each drop, what a user relies on still holds.
+//!
+//! - The key can be taken again in this process within a short wait.
+//! - Once nothing holds it, the key is gone from the servers (no lock is
+//!   left held by nobody until its ttl).
+//! - No heartbeat enrolment and no in-process queue entry is left behind.
+//!
+//! Each operation runs in a few situations (free key; behind a holder of
+//! this process that lets go mid-way, handing over its lease or its turn;
+//! behind a holder in another process), on the in-memory backend, one
+//! Redis server, and Redlock over three servers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{HandoffBudget, LockClient, LockError, LockOptions, MemoryStore, distributed_lock};
+use lock_testkit::RedisServer;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+const PREFIX: &str = "cancel:";
+const KEY: &str = "k";
+const TTL: Duration = Duration::from_secs(30);
+
+/// Where the locks live, and how to see what is held there.
+enum Store {
+    Memory(MemoryStore),
+    Redis(Vec<RedisServer>),
+}
+
+struct Fixture {
+    /// The client whose operations are cancelled.
+    a: LockClient,
+    /// The same client's settings without hand-offs (each release goes to
+    /// Redis and passes the turn).
+    turns: LockClient,
+    /// Another process.
+    b: LockClient,
+    store: Store,
+}
+
+impl Fixture {
+    async fn memory() -> Fixture {
+        let store = MemoryStore::new();
+        let client = |budget| {
+            LockClient::builder()
+                .in_memory(&store)
+                .key_prefix(PREFIX)
+                .handoff_budget(budget)
+                .build()
+        };
+        Fixture {
+            a: client(HandoffBudget::default()).await.unwrap(),
+            turns: client(HandoffBudget::NONE).await.unwrap(),
+            b: client(HandoffBudget::default()).await.unwrap(),
+            store: Store::Memory(store),
+        }
+    }
+
+    async fn redis(servers: usize) -> Fixture {
+        let servers: Vec<RedisServer> = (0..servers).map(|_| RedisServer::start()).collect();
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let client = |budget| {
+            LockClient::builder()
+                .urls(urls.clone())
+                .key_prefix(PREFIX)
+                .handoff_budget(budget)
+                .build()
+        };
+        Fixture {
+            a: client(HandoffBudget::default()).await.unwrap(),
+            turns: client(HandoffBudget::NONE).await.unwrap(),
+            b: client(HandoffBudget::default()).await.unwrap(),
+            store: Store::Redis(servers),
+        }
+    }
+
+    /// Whether any server holds the key.
+    fn key_held(&self) -> bool {
+        match &self.store {
+            Store::Memory(store) => store.held() > 0,
+            Store::Redis(servers) => {
+                let key = format!("{PREFIX}{{{KEY}}}");
+                servers.iter().any(|s| s.cmd::<bool>(&["EXISTS", &key]))
+            }
+        }
+    }
+
+    /// What a user relies on after a cancelled operation, with every guard
+    /// of the scenario let go.
+    async fn check(&self, what: &str) {
+        for client in [&self.a, &self.turns] {
+            let again = client
+                .lock_with(KEY, LockOptions::new(TTL).wait(Duration::from_secs(5)))
+                .await
+                .unwrap_or_else(|e| panic!("{what}: the key cannot be taken again: {e}"));
+            assert!(again.release().await.unwrap(), "{what}: released");
+        }
+        let started = Instant::now();
+        loop {
+            let clean = !self.key_held()
+                && [&self.a, &self.turns, &self.b]
+                    .iter()
+                    .all(|c| c.queued_keys() == 0 && c.heartbeats_running() == 0);
+            if clean {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{what}: left behind: key held {}, queued {}/{}, heartbeats {}/{}",
+                self.key_held(),
+                self.a.queued_keys(),
+                self.turns.queued_keys(),
+                self.a.heartbeats_running(),
+                self.turns.heartbeats_running(),
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A waker that wakes the harness's wait.
+struct Signal(Notify);
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.0.notify_one();
+    }
+}
+
+/// Polls one future at a time, each poll after its waker fired.
+struct Poller {
+    signal: Arc<Signal>,
+    waker: Waker,
+    /// Polls made so far.
+    polls: usize,
+}
+
+impl Poller {
+    fn new() -> Poller {
+        let signal = Arc::new(Signal(Notify::new()));
+        Poller {
+            waker: Waker::from(signal.clone()),
+            signal,
+            polls: 0,
+        }
+    }
+
+    /// Polls `future` until it completes or `budget` polls in all were
+    /// made; `Some` with its output when it completed.
+    async fn poll<F: Future>(
+        &mut self,
+        mut future: Pin<&mut F>,
+        budget: usize,
+    ) -> Option<F::Output> {
+        while self.polls < budget {
+            if self.polls > 0 {
+                tokio::time::timeout(Duration::from_secs(10), self.signal.0.notified())
+                    .await
+                    .expect("a pending future was never woken");
+            }
+            self.polls += 1;
+            if let Poll::Ready(out) = future.as_mut().poll(&mut Context::from_waker(&self.waker)) {
+                return Some(out);
+            }
+        }
+        None
+    }
+}
+
+/// The operations and situations under test.
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    Lock,
+    TryLock,
+    LockFenced,
+    /// `lock` behind a holder of this process that releases after the
+    /// first poll (the lease is handed over).
+    LockBehindHandOff,
+    /// The same with fencing: the takeover is a round trip.
+    LockBehindFencedHandOff,
+    /// The same without hand-offs: the turn is handed over.
+    LockBehindTurn,
+    /// `lock` behind a holder in another process that releases after the
+    /// first poll.
+    LockBehindOtherProcess,
+    Release,
+    /// `release` with a task of this process waiting for the key.
+    ReleaseWithWaiter,
+    Extend,
+    Attribute,
+}
+
+const CASES: [Case; 11] = [
+    Case::Lock,
+    Case::TryLock,
+    Case::LockFenced,
+    Case::LockBehindHandOff,
+    Case::LockBehindFencedHandOff,
+    Case::LockBehindTurn,
+    Case::LockBehindOtherProcess,
+    Case::Release,
+    Case::ReleaseWithWaiter,
+    Case::Extend,
+    Case::Attribute,
+];
+
+#[distributed_lock(key = "k", client = client, ttl = "30s", wait = "10s")]
+async fn annotated(client: &LockClient) -> Result<(), LockError> {
+    tokio::task::yield_now().await;
+    Ok(())
+}
+
+/// Runs `case` with a budget of `polls` polls; `true` when the operation
+/// completed within it (larger budgets test nothing new).
+async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
+    let mut poller = Poller::new();
+    let opts = LockOptions::new(TTL).wait(Duration::from_secs(10));
+    match case {
+        Case::Lock => {
+            let op = pin!(fx.a.lock(KEY, TTL));
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::TryLock => {
+            let op = pin!(fx.a.try_lock(KEY, TTL));
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::LockFenced => {
+            let op = pin!(fx.a.lock_with(KEY, opts.fencing(true)));
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::LockBehindHandOff | Case::LockBehindFencedHandOff | Case::LockBehindTurn => {
+            let fenced = matches!(case, Case::LockBehindFencedHandOff);
+            let client = match case {
+                Case::LockBehindTurn => &fx.turns,
+                _ => &fx.a,
+            };
+            let holder = client
+                .lock_with(KEY, LockOptions::new(TTL).fencing(fenced))
+                .await
+                .unwrap();
+            let mut op = pin!(client.lock_with(KEY, opts.fencing(fenced)));
+            let done = poller.poll(op.as_mut(), polls.min(1)).await.is_some();
+            assert!(!done, "a waiter cannot finish while the key is held");
+            holder.release().await.unwrap();
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::LockBehindOtherProcess => {
+            let holder = fx.b.lock(KEY, TTL).await.unwrap();
+            let mut op = pin!(fx.a.lock_with(KEY, opts));
+            let done = poller.poll(op.as_mut(), polls.min(1)).await.is_some();
+            assert!(!done, "a waiter cannot finish while the key is held");
+            holder.release().await.unwrap();
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::Release => {
+            let guard = fx.a.lock(KEY, TTL).await.unwrap();
+            let op = pin!(guard.release());
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::ReleaseWithWaiter => {
+            let guard = fx.a.lock(KEY, TTL).await.unwrap();
+            let client = fx.a.clone();
+            let waiter = tokio::spawn(async move {
+                let next = client
+                    .lock_with(KEY, LockOptions::new(TTL).wait(Duration::from_secs(10)))
+                    .await;
+                next.unwrap().release().await.unwrap();
+            });
+            // On this single-threaded runtime, yielding runs the waiter's
+            // first poll, which queues it behind the guard.
+            tokio::task::yield_now().await;
+            let done = {
+                let op = pin!(guard.release());
+                poller.poll(op, polls).await.is_some()
+            };
+            tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("the waiter never got the key")
+                .unwrap();
+            done
+        }
+        Case::Extend => {
+            let guard = fx.a.lock(KEY, TTL).await.unwrap();
+            let done = {
+                let op = pin!(guard.extend(Duration::from_secs(20)));
+                poller.poll(op, polls).await.is_some()
+            };
+            assert!(!guard.is_lost(), "a cancelled extend lost the lock");
+            assert!(
+                guard.release().await.unwrap(),
+                "still ours after a cancelled extend"
+            );
+            done
+        }
+        Case::Attribute => {
+            let op = pin!(annotated(&fx.a));
+            poller.poll(op, polls).await.is_some()
+        }
+    }
+}
+
+/// Every case, for every number of polls until it completes.
+async fn every_case(fx: &Fixture, backend: &str) {
+    for case in CASES {
+        for polls in 0.. {
+            let done = run(fx, case, polls).await;
+            fx.check(&format!("{backend}: {case:?} dropped after {polls} polls"))
+                .await;
+            if done {
+                println!("{backend}: {case:?} completes at poll {polls}");
+                break;
+            }
+            assert!(polls < 200, "{backend}: {case:?} never completes");
+        }
+    }
+}
+
+#[tokio::test]
+async fn operations_dropped_at_any_poll_leave_nothing_behind_in_memory() {
+    every_case(&Fixture::memory().await, "in-memory").await;
+}
+
+#[tokio::test]
+async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redis() {
+    every_case(&Fixture::redis(1).await, "redis").await;
+}
+
+#[tokio::test]
+async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redlock() {
+    every_case(&Fixture::redis(3).await, "redlock").await;
+}
