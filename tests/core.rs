@@ -335,6 +335,24 @@ async fn extend_sets_a_new_ttl_and_fails_once_lost() {
 }
 
 #[tokio::test]
+async fn extend_to_a_shorter_ttl_shortens_the_lease_in_redis() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let guard = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(3)).renew(false))
+        .await
+        .unwrap();
+    guard.extend(Duration::from_millis(300)).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    assert!((1..=300).contains(&pttl), "pttl {pttl}");
+    assert_eq!(guard.ttl(), Duration::from_millis(300));
+    guard.extend(Duration::from_secs(3)).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    assert!(pttl > 2000, "pttl {pttl}");
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
 async fn scripts_survive_script_flush() {
     let server = RedisServer::start();
     let client = client_for(&server).await;

@@ -139,6 +139,29 @@ return 1"#
     ))
 });
 
+/// Sets the expiry to exactly the ttl, shorter or longer, if the key still
+/// holds our token: for the holder that means to shorten its lease (a
+/// release before `min_hold` is over, `extend` to a shorter ttl), kept
+/// apart from [`RENEW`] so that renewals can stop ever shortening one.
+///
+/// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
+/// Returns 1 when set, 0 when the lock is not ours (gone, another owner,
+/// another type).
+pub(crate) static SET_TTL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok then
+  return value or 0
+end
+if value ~= ARGV[1] then
+  return 0
+end
+redis.call("PEXPIRE", KEYS[1], ARGV[2])
+return 1"#
+    ))
+});
+
 /// `SET NX PX` and, when it succeeds, the next fencing token.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter (same hash slot), `ARGV[1]`
@@ -263,10 +286,11 @@ return answer"#
 });
 
 /// Every script, for loading them when a connection opens.
-pub(crate) fn all() -> [&'static Script; 6] {
+pub(crate) fn all() -> [&'static Script; 7] {
     [
         &RELEASE,
         &RENEW,
+        &SET_TTL,
         &ACQUIRE_FENCED,
         &LIFT_FENCE,
         &RENEW_MANY,
@@ -312,14 +336,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn set_ttl_sets_the_expiry_exactly_if_ours() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["SET", "k", "ours", "PX", "10000"]);
+        let set: i64 = call(&mut conn, &SET_TTL, &["k"], &["ours", "300"])
+            .await
+            .unwrap();
+        assert_eq!(set, 1);
+        let left = pttl(&server, "k");
+        assert!(left > 0 && left <= 300, "{left}");
+        let set: i64 = call(&mut conn, &SET_TTL, &["k"], &["theirs", "10000"])
+            .await
+            .unwrap();
+        assert_eq!(set, 0);
+        assert!(pttl(&server, "k") <= 300);
+    }
+
+    #[tokio::test]
     async fn a_key_of_another_type_is_not_ours_and_fails_no_script() {
         let server = RedisServer::start();
         let mut conn = connect(&server).await;
         let () = server.cmd(&["HSET", "h", "field", "value"]);
         let () = server.cmd(&["SET", "k", "ours", "PX", "10000"]);
-        let one_key: [(&'static Script, &[&str]); 3] = [
+        let one_key: [(&'static Script, &[&str]); 4] = [
             (&RELEASE, &["ours"]),
             (&RENEW, &["ours", "1000"]),
+            (&SET_TTL, &["ours", "1000"]),
             (&TAKE_OVER, &["ours", "1000"]),
         ];
         for (script, args) in one_key {

@@ -126,15 +126,42 @@ macro_rules! lock_commands {
                 ttl: Duration,
                 limit: Duration,
             ) -> Result<bool, LockError> {
+                self.expire_if_ours(&scripts::RENEW, key, token, ttl, limit)
+                    .await
+            }
+
+            /// Sets the lease's expiry to exactly `ttl` if it is ours, shorter or
+            /// longer. `Ok(false)`: the lock is no longer ours here.
+            pub(crate) async fn set_ttl(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                self.expire_if_ours(&scripts::SET_TTL, key, token, ttl, limit)
+                    .await
+            }
+
+            /// [`renew`](Self::renew) or [`set_ttl`](Self::set_ttl): `script`
+            /// takes the key, the token and the ttl, and answers 1 when ours.
+            async fn expire_if_ours(
+                &self,
+                script: &'static redis::Script,
+                key: &str,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
                 let ttl_ms = ttl_millis(ttl);
-                let renewed: i64 = self
+                let answer: i64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::RENEW, 1);
+                        let mut inv = Eval::new(script, 1);
                         inv.key(key).arg(token).arg(ttl_ms);
                         async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
-                Ok(renewed == 1)
+                Ok(answer == 1)
             }
 
             /// [`renew`](Self::renew) for many leases in one script call each

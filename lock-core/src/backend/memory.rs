@@ -146,6 +146,18 @@ impl MemoryStore {
         }
     }
 
+    /// Sets the lease's expiry to exactly `ttl` from now.
+    pub(crate) fn set_ttl(&self, key: &str, token: &Token, ttl: Duration) -> bool {
+        let mut state = self.inner.lock();
+        match Self::ours(&mut state, key, token) {
+            Some(held) => {
+                held.expires = Instant::now() + ttl;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub(crate) fn renew_many(&self, due: &[Due]) -> Vec<Renewal> {
         due.iter()
             .map(|d| {

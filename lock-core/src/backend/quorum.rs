@@ -222,6 +222,7 @@ impl Quorum {
         lifted >= self.majority() && started.elapsed() + drift(ttl) < ttl
     }
 
+    /// Renews on every server.
     pub(crate) async fn renew(
         &self,
         key: &str,
@@ -236,6 +237,38 @@ impl Quorum {
                 .map(|node| node.renew(key, token, ttl, per_node)),
         )
         .await;
+        self.decide_expiry(answers, "could not renew on a majority of Redis servers")
+    }
+
+    /// Sets the expiry to exactly `ttl` on every server; decided as
+    /// [`renew`](Self::renew).
+    pub(crate) async fn set_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let per_node = self.node_timeout(ttl, limit);
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.set_ttl(key, token, ttl, per_node)),
+        )
+        .await;
+        self.decide_expiry(
+            answers,
+            "could not set the lease's expiry on a majority of Redis servers",
+        )
+    }
+
+    /// The lease is ours when a majority said so, certainly not when more
+    /// than `N - majority` said not; otherwise nobody can tell.
+    fn decide_expiry(
+        &self,
+        answers: Vec<Result<bool, LockError>>,
+        undecided: &str,
+    ) -> Result<bool, LockError> {
         let tally = self.tally(answers.into_iter().map(Some));
         if tally.granted >= tally.needed {
             Ok(true)
@@ -243,7 +276,7 @@ impl Quorum {
             // A majority can no longer be ours.
             Ok(false)
         } else {
-            Err(tally.unavailable("could not renew on a majority of Redis servers"))
+            Err(tally.unavailable(undecided))
         }
     }
 
