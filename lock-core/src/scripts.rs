@@ -119,11 +119,16 @@ return 1"#
     ))
 });
 
-/// Sets a new expiry only if the key still holds our token.
+/// Renews the lease if the key still holds our token: raises its expiry to
+/// the ttl, never lowers it.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
-/// Returns 1 when extended, 0 when the lock is not ours (gone, another
-/// owner, another type).
+/// Returns 1 when the lock is ours (its expiry now at least the ttl), 0
+/// when it is not (gone, another owner, another type). A renewal that timed
+/// out can still reach the server after a later, longer renewal or
+/// extension: lowering the expiry then would cut the lease its holder
+/// counts on. `PTTL` is compared here because `PEXPIRE ... GT` needs Redis
+/// 7.0. A key without an expiry (`PTTL` -1) gets one.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
@@ -134,15 +139,17 @@ end
 if value ~= ARGV[1] then
   return 0
 end
-redis.call("PEXPIRE", KEYS[1], ARGV[2])
+if redis.call("PTTL", KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
 return 1"#
     ))
 });
 
 /// Sets the expiry to exactly the ttl, shorter or longer, if the key still
 /// holds our token: for the holder that means to shorten its lease (a
-/// release before `min_hold` is over, `extend` to a shorter ttl), kept
-/// apart from [`RENEW`] so that renewals can stop ever shortening one.
+/// release before `min_hold` is over, `extend` to a shorter ttl), which
+/// [`RENEW`] never does.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
 /// Returns 1 when set, 0 when the lock is not ours (gone, another owner,
@@ -226,8 +233,9 @@ return 1"#
 /// [`RENEW`] for many locks in one call (the heartbeat's rounds).
 ///
 /// `KEYS[i]` lock keys; `ARGV[2i-1]` the token and `ARGV[2i]` the ttl in
-/// milliseconds for `KEYS[i]`. Returns an array: 1 where extended, 0 where
-/// the lock is not ours. Each key is answered for itself: one that holds another type (some
+/// milliseconds for `KEYS[i]`. Returns an array: 1 where the lock is ours
+/// (its expiry raised to at least the ttl, never lowered), 0 where it is
+/// not. Each key is answered for itself: one that holds another type (some
 /// other program's key) is 0, and does not fail the call, which would leave
 /// every other lease of the batch unrenewed. Keys of one call must share a
 /// server (and, in a cluster, a slot).
@@ -242,7 +250,10 @@ for i, key in ipairs(KEYS) do
   end
   renewed[i] = 0
   if ok and value == ARGV[2 * i - 1] then
-    redis.call("PEXPIRE", key, ARGV[2 * i])
+    local ttl = tonumber(ARGV[2 * i])
+    if redis.call("PTTL", key) < ttl then
+      redis.call("PEXPIRE", key, ttl)
+    end
     renewed[i] = 1
   end
 end
@@ -314,7 +325,7 @@ mod tests {
             .unwrap()
     }
 
-    /// `script` on one key with `args`.
+    /// `script` called with `keys` and `args`.
     async fn call<T: FromRedisValue>(
         conn: &mut MultiplexedConnection,
         script: &'static Script,
@@ -333,6 +344,48 @@ mod tests {
 
     fn pttl(server: &RedisServer, key: &str) -> i64 {
         server.cmd(&["PTTL", key])
+    }
+
+    #[tokio::test]
+    async fn renewals_raise_the_expiry_and_never_lower_it() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["SET", "k", "ours", "PX", "10000"]);
+        // A late renewal for a shorter ttl: still ours, the expiry stays.
+        let renewed: i64 = call(&mut conn, &RENEW, &["k"], &["ours", "1000"])
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+        assert!(pttl(&server, "k") > 5000, "{}", pttl(&server, "k"));
+        let renewed: i64 = call(&mut conn, &RENEW, &["k"], &["ours", "20000"])
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+        assert!(pttl(&server, "k") > 15_000, "{}", pttl(&server, "k"));
+
+        // The same in a batch, per key: one longer, one shorter than left.
+        let () = server.cmd(&["SET", "long", "ours", "PX", "10000"]);
+        let () = server.cmd(&["SET", "short", "ours", "PX", "500"]);
+        let renewed: Vec<i64> = call(
+            &mut conn,
+            &RENEW_MANY,
+            &["long", "short"],
+            &["ours", "1000", "ours", "10000"],
+        )
+        .await
+        .unwrap();
+        assert_eq!(renewed, [1, 1]);
+        assert!(pttl(&server, "long") > 5000, "{}", pttl(&server, "long"));
+        assert!(pttl(&server, "short") > 5000, "{}", pttl(&server, "short"));
+
+        // A key of ours without an expiry gets one.
+        let () = server.cmd(&["SET", "forever", "ours"]);
+        let renewed: i64 = call(&mut conn, &RENEW, &["forever"], &["ours", "1000"])
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+        let left = pttl(&server, "forever");
+        assert!(left > 0 && left <= 1000, "{left}");
     }
 
     #[tokio::test]

@@ -118,7 +118,8 @@ macro_rules! lock_commands {
                 })
             }
 
-            /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours here.
+            /// Renews the lease: its expiry raised to `ttl` if it is ours, never
+            /// lowered. `Ok(false)`: the lock is no longer ours here.
             pub(crate) async fn renew(
                 &self,
                 key: &str,
@@ -310,4 +311,58 @@ async fn wait_for_replicas<C: redis::aio::ConnectionLike>(
 /// Milliseconds for `PX`/`PEXPIRE`, never below 1 (0 would be an error).
 fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use lock_testkit::RedisServer;
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_late_shorter_renewal_leaves_the_longer_expiry() {
+        let server = RedisServer::start();
+        let node = Node::new(&server.url(), LIMIT).unwrap();
+        let token = Token::generate();
+        let keys = LockKeys {
+            lock: "k",
+            fence: None,
+        };
+        let ttl = Duration::from_secs(3);
+        let granted = node.acquire(&keys, &token, ttl, LIMIT).await.unwrap();
+        assert_eq!(granted, Attempt::Granted { fence: None });
+        let pttl = || server.cmd::<i64>(&["PTTL", "k"]);
+
+        // An extension to 60 s, then a renewal for the old 3 s that was
+        // sent before it and arrives after it.
+        assert!(
+            node.renew("k", &token, Duration::from_secs(60), LIMIT)
+                .await
+                .unwrap()
+        );
+        assert!(node.renew("k", &token, ttl, LIMIT).await.unwrap());
+        assert!(
+            pttl() > 50_000,
+            "the late renewal shortened the lease: {}",
+            pttl()
+        );
+
+        // The exact path shortens, and only for the owner.
+        let other = Token::generate();
+        assert!(
+            !node
+                .set_ttl("k", &other, Duration::from_millis(300), LIMIT)
+                .await
+                .unwrap()
+        );
+        assert!(pttl() > 50_000);
+        assert!(
+            node.set_ttl("k", &token, Duration::from_millis(300), LIMIT)
+                .await
+                .unwrap()
+        );
+        assert!((1..=300).contains(&pttl()), "{}", pttl());
+    }
 }

@@ -88,8 +88,10 @@ impl Backend {
         }
     }
 
-    /// Extends the lease to `ttl` if it is still ours. `Ok(false)`: it is
-    /// certainly not ours any more. An error: nobody can tell right now.
+    /// Extends the lease to at least `ttl` from now if it is still ours;
+    /// never shortens it, so a renewal that arrives late cannot cut a lease
+    /// renewed or extended since. `Ok(false)`: it is certainly not ours any
+    /// more. An error: nobody can tell right now.
     pub(crate) async fn renew(
         &self,
         key: &str,

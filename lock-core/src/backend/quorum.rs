@@ -222,7 +222,7 @@ impl Quorum {
         lifted >= self.majority() && started.elapsed() + drift(ttl) < ttl
     }
 
-    /// Renews on every server.
+    /// Renews on every server (each raises the expiry, never lowers it).
     pub(crate) async fn renew(
         &self,
         key: &str,
