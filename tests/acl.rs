@@ -22,6 +22,7 @@ const LOCK_CLIENT_RULES: &[&str] = &[
     "+get",
     "+del",
     "+pexpire",
+    "+pttl",
     "+incr",
     "+evalsha",
     "+script|load",
@@ -246,6 +247,37 @@ async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
     assert!(
         log.iter()
             .any(|d| d.object == "incr" && d.context == "lua" && d.username == "no-incr"),
+        "{log:?}"
+    );
+
+    // No PTTL: a renewal (here `extend` to a longer ttl) is refused inside
+    // its script.
+    create_user(&server, "no-pttl", &rules_without("+pttl", &[]));
+    let client = client_as(&server, "no-pttl").await;
+    let opts = LockOptions::new(Duration::from_secs(5)).renew(false);
+    let guard = client.lock_with("d", opts).await.unwrap();
+    let err = guard.extend(Duration::from_secs(10)).await.unwrap_err();
+    let text = assert_denied(&err, "+pttl");
+    assert!(text.contains("script"), "{text}");
+    assert!(!guard.is_lost(), "a refusal is not a loss");
+    assert!(guard.release().await.unwrap());
+
+    // No GET: a script's read of the lock key is refused, and that is an
+    // error, not "the lock is not ours".
+    create_user(&server, "no-get", &rules_without("+get", &[]));
+    let client = client_as(&server, "no-get").await;
+    let guard = client.lock("e", Duration::from_secs(5)).await.unwrap();
+    let err = guard.release().await.unwrap_err();
+    let text = assert_denied(&err, "+get");
+    assert!(text.contains("script"), "{text}");
+    assert_eq!(
+        server.cmd::<i64>(&["EXISTS", &client.storage_key("e").unwrap()]),
+        1
+    );
+    let log = denials(&server);
+    assert!(
+        log.iter()
+            .any(|d| d.object == "get" && d.context == "lua" && d.username == "no-get"),
         "{log:?}"
     );
 

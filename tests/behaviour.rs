@@ -119,6 +119,7 @@ behaviour!(
     release_after_expiry_leaves_the_new_owner_alone,
     fencing_tokens_increase_across_holders,
     extend_sets_a_new_ttl_and_fails_once_lost,
+    extend_to_a_shorter_ttl_shortens_the_lease,
     drop_releases_at_once,
     a_waiter_hears_the_release,
     an_annotated_function_runs_under_the_lock,
@@ -309,6 +310,34 @@ mod cases {
         short.lost().await;
         let err = short.extend(Duration::from_secs(5)).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Lost);
+    }
+
+    pub async fn extend_to_a_shorter_ttl_shortens_the_lease(fx: Fixture) {
+        let guard =
+            fx.a.lock_with("k", LockOptions::new(Duration::from_secs(5)).renew(false))
+                .await
+                .unwrap();
+        let started = Instant::now();
+        guard.extend(Duration::from_millis(300)).await.unwrap();
+        assert_eq!(guard.ttl(), Duration::from_millis(300));
+        tokio::time::timeout(Duration::from_secs(2), guard.lost())
+            .await
+            .expect("the shortened lease was not lost after its ttl");
+        // The store expired it too, long before the first 5 s: `a`, whose
+        // backoff is short, gets in without a release message.
+        let next =
+            fx.a.lock_with("k", opts(5000).wait(Duration::from_secs(3)))
+                .await;
+        assert!(
+            next.is_ok(),
+            "the lease was not shortened: {:?}",
+            next.err()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     pub async fn drop_releases_at_once(fx: Fixture) {

@@ -335,6 +335,24 @@ async fn extend_sets_a_new_ttl_and_fails_once_lost() {
 }
 
 #[tokio::test]
+async fn extend_to_a_shorter_ttl_shortens_the_lease_in_redis() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    let guard = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(3)).renew(false))
+        .await
+        .unwrap();
+    guard.extend(Duration::from_millis(300)).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    assert!((1..=300).contains(&pttl), "pttl {pttl}");
+    assert_eq!(guard.ttl(), Duration::from_millis(300));
+    guard.extend(Duration::from_secs(3)).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    assert!(pttl > 2000, "pttl {pttl}");
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
 async fn scripts_survive_script_flush() {
     let server = RedisServer::start();
     let client = client_for(&server).await;
@@ -754,4 +772,61 @@ async fn a_hand_off_without_fencing_costs_no_round_trip_and_is_renewed_for_the_n
     assert!(next.release().await.unwrap());
     let gone: Option<String> = server.cmd(&["GET", &storage_key("k")]);
     assert_eq!(gone, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_in_a_renewal_batch_loses_only_its_own_lock() {
+    let server = RedisServer::start();
+    let client = client_for(&server).await;
+    // Renewed every 150 ms; taken together, so both are due in the same
+    // round and renewed by one script call. `b` first: should a failed
+    // batch keep both from being renewed, `b`'s validity ends first (or
+    // with `a`'s), so the test cannot pass by `b` outliving `a` and being
+    // renewed alone.
+    let ttl = Duration::from_millis(450);
+    let guard_b = client.lock("b", ttl).await.unwrap();
+    let guard_a = client.lock("a", ttl).await.unwrap();
+    let key_a = client.storage_key("a").unwrap();
+    let key_b = client.storage_key("b").unwrap();
+    let token_b: String = server.cmd(&["GET", &key_b]);
+
+    // Another program takes `a`'s key for a hash, in one step so that no
+    // renewal finds the key simply gone.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::pipe()
+        .atomic()
+        .del(&key_a)
+        .ignore()
+        .hset(&key_a, "field", "value")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let bound = Duration::from_secs(5);
+    while !guard_a.is_lost() {
+        assert!(started.elapsed() < bound, "`a` was not reported lost");
+        assert!(!guard_b.is_lost(), "`b` was lost with `a`");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Several more renewal intervals: `b` stays renewed.
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        assert!(!guard_b.is_lost(), "`b` was lost with `a`");
+        let value: Option<String> = server.cmd(&["GET", &key_b]);
+        assert_eq!(value.as_deref(), Some(token_b.as_str()), "`b` expired");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(guard_b.release().await.unwrap());
+    assert!(
+        !guard_a.release().await.unwrap(),
+        "`a` was not ours any more"
+    );
+    let kind: String = server.cmd(&["TYPE", &key_a]);
+    assert_eq!(kind, "hash", "the other program's key was touched");
 }

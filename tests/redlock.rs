@@ -94,6 +94,23 @@ async fn a_lock_is_written_to_every_server_and_released_from_all() {
 }
 
 #[tokio::test]
+async fn extend_to_a_shorter_ttl_shortens_the_lease_on_every_server() {
+    let servers = start_servers(3);
+    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let guard = client
+        .lock_with("k", LockOptions::new(Duration::from_secs(3)).renew(false))
+        .await
+        .unwrap();
+    guard.extend(Duration::from_millis(300)).await.unwrap();
+    // Every server answered before `extend` returned.
+    for server in &servers {
+        let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+        assert!((1..=300).contains(&pttl), "pttl {pttl} on {}", server.url());
+    }
+    assert_eq!(guard.ttl(), Duration::from_millis(300));
+}
+
+#[tokio::test]
 async fn with_two_of_five_stopped_locks_are_granted_renewed_and_released() {
     let mut servers = start_servers(5);
     servers[0].stop();

@@ -867,7 +867,7 @@ pub(crate) fn spawn_release(
                 Some(keep_for) => {
                     inner
                         .backend
-                        .renew(&storage_key, &token, keep_for, limit)
+                        .set_ttl(&storage_key, &token, keep_for, limit)
                         .await
                 }
                 None => inner.backend.release(&storage_key, &token, limit).await,

@@ -323,12 +323,14 @@ impl LockGuard {
         let _one = lease.renewing.acquire().await.ok();
         let sent = Instant::now();
         let limit = self.client.op_timeout;
-        match self
-            .client
-            .backend
-            .renew(&lease.storage_key, &lease.token, ttl, limit)
-            .await
-        {
+        let (backend, key, token) = (&self.client.backend, &*lease.storage_key, &lease.token);
+        // A renewal never shortens the lease: a shorter ttl is set exactly.
+        let answer = if ttl < lease.ttl() {
+            backend.set_ttl(key, token, ttl, limit).await
+        } else {
+            backend.renew(key, token, ttl, limit).await
+        };
+        match answer {
             Ok(true) => {
                 lease.renewed(sent, ttl);
                 // The next renewal comes a third of the new ttl from now:
@@ -385,7 +387,7 @@ impl LockGuard {
             Some(_) if lease.is_lost() => Ok(false),
             Some(keep_for) => {
                 backend
-                    .renew(&lease.storage_key, &lease.token, keep_for, limit)
+                    .set_ttl(&lease.storage_key, &lease.token, keep_for, limit)
                     .await
             }
             None => {

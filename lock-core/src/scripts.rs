@@ -71,49 +71,129 @@ impl Eval {
     }
 }
 
+/// Lua: `read(key)`, the value of a string key, read so that a key of
+/// another type cannot fail the script.
+///
+/// Returns `true, value` (`false` when the key is absent); `false, nil`
+/// when the key holds another type: another program's key, never our lock,
+/// which the scripts answer as "not ours"; `false, error` for any other
+/// error (an ACL refusal), which the script returns as its answer, so that
+/// it still reads as a permission error.
+macro_rules! lua_read {
+    () => {
+        r#"local function read(key)
+  local value = redis.pcall("GET", key)
+  if type(value) ~= "table" then
+    return true, value
+  end
+  if string.sub(value.err, 1, 9) == "WRONGTYPE" then
+    return false, nil
+  end
+  return false, value
+end
+"#
+    };
+}
+
 /// Deletes the key only if it still holds our token, and tells waiters.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token. Returns 1 when our lock was deleted,
-/// 0 when the key is gone or belongs to another owner. A plain `DEL` would
-/// delete the next owner's lock after ours expired. On release it publishes
-/// on the channel named like the key, which waiters subscribe to (see
-/// `backend/wakeup.rs`); with no subscriber that costs next to nothing.
+/// 0 when the key is gone, belongs to another owner or holds another type.
+/// A plain `DEL` would delete the next owner's lock after ours expired. On
+/// release it publishes on the channel named like the key, which waiters
+/// subscribe to (see `backend/wakeup.rs`); with no subscriber that costs
+/// next to nothing.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
-  redis.call("DEL", KEYS[1])
-  redis.call("PUBLISH", KEYS[1], "")
-  return 1
+    Script::new(concat!(
+        lua_read!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok then
+  return value or 0
 end
-return 0"#,
-    )
+if value ~= ARGV[1] then
+  return 0
+end
+redis.call("DEL", KEYS[1])
+redis.call("PUBLISH", KEYS[1], "")
+return 1"#
+    ))
 });
 
-/// Sets a new expiry only if the key still holds our token.
+/// Renews the lease if the key still holds our token: raises its expiry to
+/// the ttl, never lowers it.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
-/// Returns 1 when extended, 0 when the lock is no longer ours.
+/// Returns 1 when the lock is ours (its expiry now at least the ttl), 0
+/// when it is not (gone, another owner, another type). A renewal that timed
+/// out can still reach the server after a later, longer renewal or
+/// extension: lowering the expiry then would cut the lease its holder
+/// counts on. `PTTL` is compared here because `PEXPIRE ... GT` needs Redis
+/// 7.0. A key without an expiry (`PTTL` -1) gets one.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
-  return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+    Script::new(concat!(
+        lua_read!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok then
+  return value or 0
 end
-return 0"#,
-    )
+if value ~= ARGV[1] then
+  return 0
+end
+if redis.call("PTTL", KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 1"#
+    ))
+});
+
+/// Sets the expiry to exactly the ttl, shorter or longer, if the key still
+/// holds our token: for the holder that means to shorten its lease (a
+/// release before `min_hold` is over, `extend` to a shorter ttl), which
+/// [`RENEW`] never does.
+///
+/// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
+/// Returns 1 when set, 0 when the lock is not ours (gone, another owner,
+/// another type).
+pub(crate) static SET_TTL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok then
+  return value or 0
+end
+if value ~= ARGV[1] then
+  return 0
+end
+redis.call("PEXPIRE", KEYS[1], ARGV[2])
+return 1"#
+    ))
 });
 
 /// `SET NX PX` and, when it succeeds, the next fencing token.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter (same hash slot), `ARGV[1]`
 /// token, `ARGV[2]` ttl in milliseconds. Returns the new fencing token, or 0
-/// when the lock is held. The counter never expires, so tokens keep growing
-/// across holders for as long as the server keeps its data.
+/// when the lock key exists (held, or of another type: `SET NX` fails on
+/// either). The counter never expires, so tokens keep growing across
+/// holders for as long as the server keeps its data.
+///
+/// When the counter cannot be raised (another program's key of another
+/// type or not a number, an ACL without `INCR`), the lock just set is
+/// deleted again and that error is the answer: Redis does not undo a
+/// script's writes, and a lock nobody knows was granted would stay held for
+/// its whole ttl. An error, not 0: the lock can never be granted while the
+/// counter key stays as it is, and "busy" would have the caller wait for
+/// nothing.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r#"if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-  return redis.call("INCR", KEYS[2])
+        r#"if not redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+  return 0
 end
-return 0"#,
+local fence = redis.pcall("INCR", KEYS[2])
+if type(fence) == "table" then
+  redis.call("DEL", KEYS[1])
+end
+return fence"#,
     )
 });
 
@@ -122,67 +202,272 @@ return 0"#,
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]`
 /// the fencing token chosen for this acquisition. Returns 1 when the lock is
-/// ours here (and the counter is at least `ARGV[2]`), 0 otherwise.
+/// ours here (and the counter is at least `ARGV[2]`), 0 otherwise: also
+/// when either key is another program's (another type, or a counter that is
+/// not a number), so the lift does not count on this server.
 pub(crate) static LIFT_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
-  local current = tonumber(redis.call("GET", KEYS[2]) or "0")
-  if current < tonumber(ARGV[2]) then
-    redis.call("SET", KEYS[2], ARGV[2])
-  end
-  return 1
+    Script::new(concat!(
+        lua_read!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok then
+  return value or 0
 end
-return 0"#,
-    )
+if value ~= ARGV[1] then
+  return 0
+end
+local counted, counter = read(KEYS[2])
+if not counted then
+  return counter or 0
+end
+local current = tonumber(counter or "0")
+if current == nil then
+  return 0
+end
+if current < tonumber(ARGV[2]) then
+  redis.call("SET", KEYS[2], ARGV[2])
+end
+return 1"#
+    ))
 });
 
 /// [`RENEW`] for many locks in one call (the heartbeat's rounds).
 ///
 /// `KEYS[i]` lock keys; `ARGV[2i-1]` the token and `ARGV[2i]` the ttl in
-/// milliseconds for `KEYS[i]`. Returns an array: 1 where extended, 0 where
-/// the lock is no longer ours. Keys of one call must share a server (and,
-/// in a cluster, a slot).
+/// milliseconds for `KEYS[i]`. Returns an array: 1 where the lock is ours
+/// (its expiry raised to at least the ttl, never lowered), 0 where it is
+/// not. Each key is answered for itself: one that holds another type (some
+/// other program's key) is 0, and does not fail the call, which would leave
+/// every other lease of the batch unrenewed. Keys of one call must share a
+/// server (and, in a cluster, a slot).
 pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
+        lua_read!(),
         r#"local renewed = {}
 for i, key in ipairs(KEYS) do
-  if redis.call("GET", key) == ARGV[2 * i - 1] then
-    renewed[i] = redis.call("PEXPIRE", key, ARGV[2 * i])
-  else
-    renewed[i] = 0
+  local ok, value = read(key)
+  if not ok and value then
+    return value
+  end
+  renewed[i] = 0
+  if ok and value == ARGV[2 * i - 1] then
+    local ttl = tonumber(ARGV[2 * i])
+    if redis.call("PTTL", key) < ttl then
+      redis.call("PEXPIRE", key, ttl)
+    end
+    renewed[i] = 1
   end
 end
-return renewed"#,
-    )
+return renewed"#
+    ))
 });
 
 /// Takes over a lease handed off inside one process: sets the new holder's
-/// ttl and, when `KEYS[2]` is given, the next fencing token.
+/// ttl (exactly, as the new holder asked) and, when `KEYS[2]` is given, the
+/// next fencing token.
 ///
 /// `KEYS[1]` lock key, optional `KEYS[2]` fence counter, `ARGV[1]` token,
-/// `ARGV[2]` ttl in milliseconds. Returns 0 when the lock is no longer ours;
-/// otherwise the new fencing token, or 1 without a fence counter.
+/// `ARGV[2]` ttl in milliseconds. Returns 0 when the lock is no longer ours
+/// (or either key holds another type: the caller then releases and
+/// acquires afresh); otherwise the new fencing token, or 1 without a fence
+/// counter. The counter is raised before the expiry is set, so a refusal
+/// leaves the lease as it was.
 pub(crate) static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+    Script::new(concat!(
+        lua_read!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok then
+  return value or 0
+end
+if value ~= ARGV[1] then
   return 0
 end
-redis.call("PEXPIRE", KEYS[1], ARGV[2])
+local answer = 1
 if KEYS[2] then
-  return redis.call("INCR", KEYS[2])
+  answer = redis.pcall("INCR", KEYS[2])
+  if type(answer) == "table" then
+    if string.sub(answer.err, 1, 9) == "WRONGTYPE" then
+      return 0
+    end
+    return answer
+  end
 end
-return 1"#,
-    )
+redis.call("PEXPIRE", KEYS[1], ARGV[2])
+return answer"#
+    ))
 });
 
 /// Every script, for loading them when a connection opens.
-pub(crate) fn all() -> [&'static Script; 6] {
+pub(crate) fn all() -> [&'static Script; 7] {
     [
         &RELEASE,
         &RENEW,
+        &SET_TTL,
         &ACQUIRE_FENCED,
         &LIFT_FENCE,
         &RENEW_MANY,
         &TAKE_OVER,
     ]
+}
+
+/// The scripts against a real `redis-server`.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use lock_testkit::RedisServer;
+    use redis::aio::MultiplexedConnection;
+
+    async fn connect(server: &RedisServer) -> MultiplexedConnection {
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// `script` called with `keys` and `args`.
+    async fn call<T: FromRedisValue>(
+        conn: &mut MultiplexedConnection,
+        script: &'static Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> RedisResult<T> {
+        let mut eval = Eval::new(script, keys.len());
+        for key in keys {
+            eval.key(*key);
+        }
+        for arg in args {
+            eval.arg(*arg);
+        }
+        eval.invoke(conn).await
+    }
+
+    fn pttl(server: &RedisServer, key: &str) -> i64 {
+        server.cmd(&["PTTL", key])
+    }
+
+    #[tokio::test]
+    async fn renewals_raise_the_expiry_and_never_lower_it() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["SET", "k", "ours", "PX", "10000"]);
+        // A late renewal for a shorter ttl: still ours, the expiry stays.
+        let renewed: i64 = call(&mut conn, &RENEW, &["k"], &["ours", "1000"])
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+        assert!(pttl(&server, "k") > 5000, "{}", pttl(&server, "k"));
+        let renewed: i64 = call(&mut conn, &RENEW, &["k"], &["ours", "20000"])
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+        assert!(pttl(&server, "k") > 15_000, "{}", pttl(&server, "k"));
+
+        // The same in a batch, per key: one longer, one shorter than left.
+        let () = server.cmd(&["SET", "long", "ours", "PX", "10000"]);
+        let () = server.cmd(&["SET", "short", "ours", "PX", "500"]);
+        let renewed: Vec<i64> = call(
+            &mut conn,
+            &RENEW_MANY,
+            &["long", "short"],
+            &["ours", "1000", "ours", "10000"],
+        )
+        .await
+        .unwrap();
+        assert_eq!(renewed, [1, 1]);
+        assert!(pttl(&server, "long") > 5000, "{}", pttl(&server, "long"));
+        assert!(pttl(&server, "short") > 5000, "{}", pttl(&server, "short"));
+
+        // A key of ours without an expiry gets one.
+        let () = server.cmd(&["SET", "forever", "ours"]);
+        let renewed: i64 = call(&mut conn, &RENEW, &["forever"], &["ours", "1000"])
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+        let left = pttl(&server, "forever");
+        assert!(left > 0 && left <= 1000, "{left}");
+    }
+
+    #[tokio::test]
+    async fn set_ttl_sets_the_expiry_exactly_if_ours() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["SET", "k", "ours", "PX", "10000"]);
+        let set: i64 = call(&mut conn, &SET_TTL, &["k"], &["ours", "300"])
+            .await
+            .unwrap();
+        assert_eq!(set, 1);
+        let left = pttl(&server, "k");
+        assert!(left > 0 && left <= 300, "{left}");
+        let set: i64 = call(&mut conn, &SET_TTL, &["k"], &["theirs", "10000"])
+            .await
+            .unwrap();
+        assert_eq!(set, 0);
+        assert!(pttl(&server, "k") <= 300);
+    }
+
+    #[tokio::test]
+    async fn a_key_of_another_type_is_not_ours_and_fails_no_script() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["HSET", "h", "field", "value"]);
+        let () = server.cmd(&["SET", "k", "ours", "PX", "10000"]);
+        let one_key: [(&'static Script, &[&str]); 4] = [
+            (&RELEASE, &["ours"]),
+            (&RENEW, &["ours", "1000"]),
+            (&SET_TTL, &["ours", "1000"]),
+            (&TAKE_OVER, &["ours", "1000"]),
+        ];
+        for (script, args) in one_key {
+            let answer: i64 = call(&mut conn, script, &["h"], args).await.unwrap();
+            assert_eq!(answer, 0);
+        }
+        // In a batch the foreign key is answered 0, and the others as usual.
+        let renewed: Vec<i64> = call(
+            &mut conn,
+            &RENEW_MANY,
+            &["h", "k", "gone"],
+            &["ours", "20000", "ours", "20000", "ours", "20000"],
+        )
+        .await
+        .unwrap();
+        assert_eq!(renewed, [0, 1, 0]);
+        assert!(pttl(&server, "k") > 15_000);
+
+        // A foreign lock key or fence counter: the lift and the take-over
+        // do not count here, and the take-over leaves the lease alone.
+        let lifted: i64 = call(&mut conn, &LIFT_FENCE, &["h", "f"], &["ours", "5"])
+            .await
+            .unwrap();
+        assert_eq!(lifted, 0);
+        let lifted: i64 = call(&mut conn, &LIFT_FENCE, &["k", "h"], &["ours", "5"])
+            .await
+            .unwrap();
+        assert_eq!(lifted, 0);
+        let taken: i64 = call(&mut conn, &TAKE_OVER, &["k", "h"], &["ours", "100"])
+            .await
+            .unwrap();
+        assert_eq!(taken, 0);
+        assert!(pttl(&server, "k") > 15_000);
+
+        // Fenced acquisition: a foreign lock key is busy; a foreign counter
+        // is an error, with the lock just set undone.
+        let fence: i64 = call(&mut conn, &ACQUIRE_FENCED, &["h", "f"], &["ours", "1000"])
+            .await
+            .unwrap();
+        assert_eq!(fence, 0);
+        let err = call::<i64>(
+            &mut conn,
+            &ACQUIRE_FENCED,
+            &["free", "h"],
+            &["ours", "1000"],
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
+        assert_eq!(server.cmd::<i64>(&["EXISTS", "free"]), 0);
+
+        let kind: String = server.cmd(&["TYPE", "h"]);
+        assert_eq!(kind, "hash", "the other program's key was changed");
+    }
 }

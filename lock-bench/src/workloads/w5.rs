@@ -3,7 +3,7 @@
 //! Figures: locks lost (must be 0); renewal commands sent per second,
 //! counted by a `MONITOR` connection during the hold (every command a client
 //! sends then is renewal traffic, since the bench sends nothing else;
-//! `INFO commandstats` would also count the `GET`/`PEXPIRE` calls run inside
+//! `INFO commandstats` would also count the `GET`/`PTTL`/`PEXPIRE` calls run inside
 //! scripts, which are not sent); socket reads per second from `INFO stats`
 //! (`total_reads_processed`, about the round trips); client CPU over the
 //! hold, from `/proc/self/stat`; resident memory per held lock, from `VmRSS`

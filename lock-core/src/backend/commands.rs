@@ -118,7 +118,8 @@ macro_rules! lock_commands {
                 })
             }
 
-            /// Compare-and-pexpire. `Ok(false)`: the lock is no longer ours here.
+            /// Renews the lease: its expiry raised to `ttl` if it is ours, never
+            /// lowered. `Ok(false)`: the lock is no longer ours here.
             pub(crate) async fn renew(
                 &self,
                 key: &str,
@@ -126,15 +127,42 @@ macro_rules! lock_commands {
                 ttl: Duration,
                 limit: Duration,
             ) -> Result<bool, LockError> {
+                self.expire_if_ours(&scripts::RENEW, key, token, ttl, limit)
+                    .await
+            }
+
+            /// Sets the lease's expiry to exactly `ttl` if it is ours, shorter or
+            /// longer. `Ok(false)`: the lock is no longer ours here.
+            pub(crate) async fn set_ttl(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                self.expire_if_ours(&scripts::SET_TTL, key, token, ttl, limit)
+                    .await
+            }
+
+            /// [`renew`](Self::renew) or [`set_ttl`](Self::set_ttl): `script`
+            /// takes the key, the token and the ttl, and answers 1 when ours.
+            async fn expire_if_ours(
+                &self,
+                script: &'static redis::Script,
+                key: &str,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
                 let ttl_ms = ttl_millis(ttl);
-                let renewed: i64 = self
+                let answer: i64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::RENEW, 1);
+                        let mut inv = Eval::new(script, 1);
                         inv.key(key).arg(token).arg(ttl_ms);
                         async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
-                Ok(renewed == 1)
+                Ok(answer == 1)
             }
 
             /// [`renew`](Self::renew) for many leases in one script call each
@@ -283,4 +311,58 @@ async fn wait_for_replicas<C: redis::aio::ConnectionLike>(
 /// Milliseconds for `PX`/`PEXPIRE`, never below 1 (0 would be an error).
 fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use lock_testkit::RedisServer;
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_late_shorter_renewal_leaves_the_longer_expiry() {
+        let server = RedisServer::start();
+        let node = Node::new(&server.url(), LIMIT).unwrap();
+        let token = Token::generate();
+        let keys = LockKeys {
+            lock: "k",
+            fence: None,
+        };
+        let ttl = Duration::from_secs(3);
+        let granted = node.acquire(&keys, &token, ttl, LIMIT).await.unwrap();
+        assert_eq!(granted, Attempt::Granted { fence: None });
+        let pttl = || server.cmd::<i64>(&["PTTL", "k"]);
+
+        // An extension to 60 s, then a renewal for the old 3 s that was
+        // sent before it and arrives after it.
+        assert!(
+            node.renew("k", &token, Duration::from_secs(60), LIMIT)
+                .await
+                .unwrap()
+        );
+        assert!(node.renew("k", &token, ttl, LIMIT).await.unwrap());
+        assert!(
+            pttl() > 50_000,
+            "the late renewal shortened the lease: {}",
+            pttl()
+        );
+
+        // The exact path shortens, and only for the owner.
+        let other = Token::generate();
+        assert!(
+            !node
+                .set_ttl("k", &other, Duration::from_millis(300), LIMIT)
+                .await
+                .unwrap()
+        );
+        assert!(pttl() > 50_000);
+        assert!(
+            node.set_ttl("k", &token, Duration::from_millis(300), LIMIT)
+                .await
+                .unwrap()
+        );
+        assert!((1..=300).contains(&pttl()), "{}", pttl());
+    }
 }

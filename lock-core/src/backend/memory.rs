@@ -135,7 +135,21 @@ impl MemoryStore {
             .filter(|held| held.expires > now && held.token == *token)
     }
 
+    /// Raises the lease's expiry to `ttl` from now, never lowers it (as the
+    /// renewal script does on a server).
     pub(crate) fn renew(&self, key: &str, token: &Token, ttl: Duration) -> bool {
+        let mut state = self.inner.lock();
+        match Self::ours(&mut state, key, token) {
+            Some(held) => {
+                held.expires = held.expires.max(Instant::now() + ttl);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sets the lease's expiry to exactly `ttl` from now.
+    pub(crate) fn set_ttl(&self, key: &str, token: &Token, ttl: Duration) -> bool {
         let mut state = self.inner.lock();
         match Self::ours(&mut state, key, token) {
             Some(held) => {
@@ -206,5 +220,40 @@ impl fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("held", &self.held())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn renew_never_shortens_and_set_ttl_sets_exactly() {
+        let store = MemoryStore::new();
+        let token = Token::generate();
+        let keys = LockKeys {
+            lock: "k",
+            fence: None,
+        };
+        assert_eq!(
+            store.acquire(&keys, &token, Duration::from_secs(30)),
+            Attempt::Granted { fence: None }
+        );
+        // A late renewal for a shorter ttl: still ours, the expiry stays.
+        assert!(store.renew("k", &token, Duration::from_millis(50)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(store.held(), 1, "a renewal shortened the lease");
+        // The exact path shortens.
+        assert!(store.set_ttl("k", &token, Duration::from_millis(50)));
+        let started = Instant::now();
+        while store.held() != 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "set_ttl did not shorten the lease"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!store.set_ttl("k", &token, Duration::from_secs(1)));
+        assert!(!store.renew("k", &token, Duration::from_secs(1)));
     }
 }

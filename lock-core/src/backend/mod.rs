@@ -79,16 +79,19 @@ impl Backend {
             Backend::Single(node) => node.take_over(&keys, token, ttl, limit).await,
             Backend::Cluster(node) => node.take_over(&keys, token, ttl, limit).await,
             Backend::Redlock(_) if keys.fence.is_some() => Ok(None),
+            // The new holder's ttl exactly, as the take-over script sets it.
             Backend::Redlock(quorum) => Ok(quorum
-                .renew(keys.lock, token, ttl, limit)
+                .set_ttl(keys.lock, token, ttl, limit)
                 .await?
                 .then_some(Attempt::Granted { fence: None })),
             Backend::Memory(store) => Ok(store.take_over(&keys, token, ttl)),
         }
     }
 
-    /// Extends the lease to `ttl` if it is still ours. `Ok(false)`: it is
-    /// certainly not ours any more. An error: nobody can tell right now.
+    /// Extends the lease to at least `ttl` from now if it is still ours;
+    /// never shortens it, so a renewal that arrives late cannot cut a lease
+    /// renewed or extended since. `Ok(false)`: it is certainly not ours any
+    /// more. An error: nobody can tell right now.
     pub(crate) async fn renew(
         &self,
         key: &str,
@@ -101,6 +104,24 @@ impl Backend {
             Backend::Cluster(node) => node.renew(key, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.renew(key, token, ttl, limit).await,
             Backend::Memory(store) => Ok(store.renew(key, token, ttl)),
+        }
+    }
+
+    /// Sets the lease to exactly `ttl` from now if it is still ours, shorter
+    /// or longer: for a holder that means to shorten it (`min_hold` on
+    /// release, `extend` to a shorter ttl). Answers as [`renew`](Self::renew).
+    pub(crate) async fn set_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        match self {
+            Backend::Single(node) => node.set_ttl(key, token, ttl, limit).await,
+            Backend::Cluster(node) => node.set_ttl(key, token, ttl, limit).await,
+            Backend::Redlock(quorum) => quorum.set_ttl(key, token, ttl, limit).await,
+            Backend::Memory(store) => Ok(store.set_ttl(key, token, ttl)),
         }
     }
 

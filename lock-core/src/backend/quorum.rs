@@ -149,8 +149,10 @@ impl Quorum {
                 nodes[i].acquire(&keys, &token, ttl, per_node).await
             }
         });
-        let answers = until_majority(calls, wait_for, &self.background, |answer| {
-            matches!(answer, Ok(Attempt::Granted { .. }))
+        let answers = until_majority(calls, wait_for, &self.background, |answer| match answer {
+            Ok(Attempt::Granted { .. }) => Some(true),
+            Ok(Attempt::Busy) => Some(false),
+            Err(_) => None,
         })
         .await;
         let mut tally = Tally::new(self.majority());
@@ -223,6 +225,7 @@ impl Quorum {
         lifted >= self.majority() && started.elapsed() + drift(ttl) < ttl
     }
 
+    /// Renews on every server (each raises the expiry, never lowers it).
     pub(crate) async fn renew(
         &self,
         key: &str,
@@ -230,16 +233,60 @@ impl Quorum {
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool, LockError> {
+        self.expire(key, token, ttl, limit, false).await
+    }
+
+    /// Sets the expiry to exactly `ttl` on every server; decided as
+    /// [`renew`](Self::renew).
+    pub(crate) async fn set_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        self.expire(key, token, ttl, limit, true).await
+    }
+
+    /// [`renew`](Self::renew), or [`set_ttl`](Self::set_ttl) when `exact`;
+    /// returns once a majority has answered.
+    async fn expire(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+        exact: bool,
+    ) -> Result<bool, LockError> {
         let per_node = self.node_timeout(ttl, limit);
         let key: Arc<str> = key.into();
         let calls = self.each_node(|nodes, i| {
             let (key, token) = (key.clone(), token.clone());
-            async move { nodes[i].renew(&key, &token, ttl, per_node).await }
+            async move {
+                let node = &nodes[i];
+                if exact {
+                    node.set_ttl(&key, &token, ttl, per_node).await
+                } else {
+                    node.renew(&key, &token, ttl, per_node).await
+                }
+            }
         });
-        let answers = until_majority(calls, self.majority(), &self.background, |answer| {
-            matches!(answer, Ok(true))
-        })
-        .await;
+        let answers = until_majority(calls, self.majority(), &self.background, said).await;
+        let undecided = if exact {
+            "could not set the lease's expiry on a majority of Redis servers"
+        } else {
+            "could not renew on a majority of Redis servers"
+        };
+        self.decide_expiry(answers, undecided)
+    }
+
+    /// The lease is ours when a majority said so, certainly not when more
+    /// than `N - majority` said not; otherwise nobody can tell.
+    fn decide_expiry(
+        &self,
+        answers: Vec<Option<Result<bool, LockError>>>,
+        undecided: &str,
+    ) -> Result<bool, LockError> {
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
@@ -247,7 +294,7 @@ impl Quorum {
             // A majority can no longer be ours.
             Ok(false)
         } else {
-            Err(tally.unavailable("could not renew on a majority of Redis servers"))
+            Err(tally.unavailable(undecided))
         }
     }
 
@@ -316,10 +363,7 @@ impl Quorum {
             let (key, token) = (key.clone(), token.clone());
             async move { nodes[i].release(&key, &token, per_node).await }
         });
-        let answers = until_majority(calls, wait_for, &self.background, |answer| {
-            matches!(answer, Ok(true))
-        })
-        .await;
+        let answers = until_majority(calls, wait_for, &self.background, said).await;
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
@@ -335,10 +379,7 @@ impl Quorum {
         let per_node = self.node_timeout.unwrap_or(limit).min(limit);
         let calls =
             self.each_node(|nodes, i| async move { nodes[i].ping(per_node).await.map(|()| true) });
-        let answers = until_majority(calls, self.majority(), &self.background, |answer| {
-            matches!(answer, Ok(true))
-        })
-        .await;
+        let answers = until_majority(calls, self.majority(), &self.background, said).await;
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(())
@@ -362,7 +403,10 @@ impl Quorum {
             let key = key.clone();
             async move { nodes[i].key_type(&key, per_node).await }
         });
-        let plain = |answer: &Result<String, LockError>| matches!(answer, Ok(kind) if kind == "string" || kind == "none");
+        let plain = |answer: &Result<String, LockError>| {
+            let kind = answer.as_ref().ok()?;
+            Some(kind == "string" || kind == "none")
+        };
         let answers = until_majority(calls, self.majority(), &self.background, plain).await;
         answers.into_iter().flatten().find_map(|answer| {
             answer
@@ -370,6 +414,11 @@ impl Quorum {
                 .filter(|kind| kind != "string" && kind != "none")
         })
     }
+}
+
+/// A yes/no answer as [`until_majority`] counts it; `None` for a failed call.
+fn said(answer: &Result<bool, LockError>) -> Option<bool> {
+    answer.as_ref().ok().copied()
 }
 
 /// How long [`Quorum::release_on`] waits.
@@ -408,8 +457,9 @@ impl Quorum {
 }
 
 /// Runs `calls` (one per server, in server order) until `needed` of them
-/// answered yes ([`EVERY_ANSWER`]: never; 0: at once), until so many said
-/// no that `needed` yes answers can no longer come, or until all answered.
+/// answered yes ([`EVERY_ANSWER`]: never; 0: at once), until so many
+/// answered no that `needed` yes answers can no longer come, or until all
+/// answered. `vote` reads an answer: yes, no, or `None` for a failed call.
 /// The answers come back in server order, `None` for a call not waited for.
 ///
 /// A Redlock operation is decided by the majority that answers first, so a
@@ -423,7 +473,7 @@ async fn until_majority<T, F>(
     calls: Vec<F>,
     needed: usize,
     background: &Arc<AtomicUsize>,
-    yes: impl Fn(&T) -> bool,
+    vote: impl Fn(&T) -> Option<bool>,
 ) -> Vec<Option<T>>
 where
     F: Future<Output = T> + Send + 'static,
@@ -436,7 +486,9 @@ where
         .map(|(i, call)| async move { (i, call.await) })
         .collect();
     // More "no" answers than this and `needed` yes answers can no longer
-    // come: the outcome is decided without the servers still silent.
+    // come: the outcome is decided without the servers still silent. Only
+    // answers count as no; a failed call does not, so that an error reports
+    // what every server that answers in time said.
     let most_no = answers.len().checked_sub(needed);
     let (mut yeses, mut noes) = (0, 0);
     loop {
@@ -447,10 +499,10 @@ where
         let Some((i, answer)) = pending.next().await else {
             break;
         };
-        if yes(&answer) {
-            yeses += 1;
-        } else {
-            noes += 1;
+        match vote(&answer) {
+            Some(true) => yeses += 1,
+            Some(false) => noes += 1,
+            None => {}
         }
         answers[i] = Some(answer);
     }
@@ -551,7 +603,7 @@ mod tests {
         for tx in senders.by_ref().take(3) {
             tx.send(true).unwrap();
         }
-        let decided = until_majority(calls, 3, &background, |&yes| yes);
+        let decided = until_majority(calls, 3, &background, |&yes| Some(yes));
         let answers = tokio::time::timeout(Duration::from_secs(5), decided)
             .await
             .expect("waited for the calls not answered");
@@ -581,7 +633,7 @@ mod tests {
         for tx in senders.by_ref().take(3) {
             tx.send(true).unwrap();
         }
-        let mut waiting = std::pin::pin!(until_majority(calls, 3, &background, |&yes| yes));
+        let mut waiting = std::pin::pin!(until_majority(calls, 3, &background, |&yes| Some(yes)));
         let early = tokio::time::timeout(Duration::from_millis(50), &mut waiting).await;
         assert!(early.is_err(), "returned with two calls unanswered");
         for tx in senders {
@@ -599,7 +651,7 @@ mod tests {
         for (i, tx) in senders.into_iter().enumerate() {
             tx.send(i < 2).unwrap();
         }
-        let answers = until_majority(calls, 3, &background, |&yes| yes).await;
+        let answers = until_majority(calls, 3, &background, |&yes| Some(yes)).await;
         assert_eq!(
             answers,
             [
