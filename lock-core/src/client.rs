@@ -5,14 +5,13 @@ use crate::backend::{
     Wakeups, redact,
 };
 use crate::backoff::Backoff;
-use crate::error::{ErrorKind, LockError, TimedOut};
+use crate::error::{ErrorKind, LockError};
 use crate::guard::{Holds, Lease, LockGuard, validity_end};
 use crate::heartbeat::Heartbeat;
 use crate::line::{Baton, HandedLease, HandoffBudget, LetGo, Lines, Owner, Place, Turn, YIELD};
 use crate::observe;
 use crate::token::Token;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -408,14 +407,10 @@ impl LockClient {
         // call is cancelled, it is released in the background.
         let held = MayHold::new(inner, &request.storage_key, handed.token);
         let limit = request.limit(inner.op_timeout);
-        let taken = bounded(
-            limit,
-            &request.storage_key,
-            inner
-                .backend
-                .take_over(request.keys(), held.token(), ttl, limit),
-        )
-        .await;
+        let taken = inner
+            .backend
+            .take_over(request.keys(), held.token(), ttl, limit)
+            .await;
         let Ok(Some(Attempt::Granted { fence })) = taken else {
             return Err(turn);
         };
@@ -516,14 +511,11 @@ impl LockClient {
         let held = MayHold::new(inner, &request.storage_key, Token::generate());
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
-        let outcome = bounded(
-            limit,
-            &request.storage_key,
-            inner
-                .backend
-                .acquire(request.keys(), held.token(), request.ttl, limit),
-        )
-        .await;
+        // Every backend bounds the call by `limit` as a whole.
+        let outcome = inner
+            .backend
+            .acquire(request.keys(), held.token(), request.ttl, limit)
+            .await;
         match outcome {
             Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
             Ok(Attempt::Busy) => {
@@ -745,20 +737,6 @@ impl Drop for MayHold<'_> {
             let token = self.token.clone();
             spawn_release(self.inner.clone(), self.key.clone(), token, None);
         }
-    }
-}
-
-/// Bounds `call` by `limit`: an `Unavailable` timeout when it runs out.
-async fn bounded<T>(
-    limit: Duration,
-    key: &str,
-    call: impl Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(LockError::new(ErrorKind::Unavailable)
-            .with_message(format!("no answer about {key} within {limit:?}"))
-            .with_source(TimedOut { after: limit })),
     }
 }
 

@@ -179,8 +179,11 @@ impl Quorum {
             if keys.fence.is_none() {
                 return Ok(Attempt::Granted { fence: None });
             }
+            // Within what is left of `limit`: the attempt as a whole stays
+            // within the caller's bound.
+            let left = per_node.min(limit.saturating_sub(started.elapsed()));
             if self
-                .lift(keys, token, fence, &granted_on, started, ttl, per_node)
+                .lift(keys, token, fence, &granted_on, started, ttl, left)
                 .await
             {
                 return Ok(Attempt::Granted { fence: Some(fence) });
