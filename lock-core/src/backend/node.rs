@@ -4,7 +4,6 @@
 use super::shared::{self, Failure, Shared};
 use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
-use futures::future::join_all;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
@@ -277,23 +276,12 @@ impl Node {
         &self.addr
     }
 
-    /// A connection with the scripts loaded, bounded as a whole by the
-    /// caller: with Sentinel, the lookup of the primary, its role check and
-    /// the connection to it.
-    async fn open_loaded(&self) -> Result<Conn, LockError> {
-        let conn = self
-            .open()
-            .await
-            .map_err(|e| connect_error(&self.addr, e))?;
-        // Load the scripts up front, so the first calls after connecting do
-        // not each pay a NOSCRIPT round trip. Best effort: a failure here
-        // only means they load on first use.
-        let loads = crate::scripts::all().map(|script| {
-            let mut conn = conn.clone();
-            async move { script.load_async(&mut conn).await }
-        });
-        let _ = tokio::time::timeout(self.connect_timeout, join_all(loads)).await;
-        Ok(conn)
+    /// A connection, bounded as a whole by the caller: with Sentinel, the
+    /// lookup of the primary, its role check and the connection to it.
+    /// Scripts load on first use (`NOSCRIPT`, see `scripts.rs`): loading
+    /// them here too would only make connecting longer.
+    async fn open_checked(&self) -> Result<Conn, LockError> {
+        self.open().await.map_err(|e| connect_error(&self.addr, e))
     }
 
     /// Runs one call with the shared connection, bounded by `limit` in all
@@ -337,7 +325,7 @@ impl Node {
                 &self.addr,
                 limit,
                 retry_on_drop,
-                || self.open_loaded(),
+                || self.open_checked(),
                 failure,
                 f,
             )
