@@ -2,7 +2,10 @@
 //!
 //! Each is sent with `EVALSHA` through [`Eval`], which loads the script and
 //! sends the call again when the server answers `NOSCRIPT` (after `SCRIPT
-//! FLUSH` or a restart). Connections load every script when they open.
+//! FLUSH` or a restart). That is also how a script is first loaded: the
+//! server's script cache serves all its connections, so this costs a
+//! `NOSCRIPT` answer and a `SCRIPT LOAD` once per script and server, and
+//! reconnecting costs nothing more than logging in.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
@@ -54,8 +57,8 @@ impl Eval {
     ) -> RedisResult<T> {
         match self.cmd.query_async(conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // Rare (the scripts are loaded when a connection opens):
-                // boxed, so the common path's future stays small.
+                // Rare (once per script and server, and after a flush or a
+                // restart): boxed, so the common path's future stays small.
                 Box::pin(self.reload_and_invoke(conn)).await
             }
             answer => answer,
@@ -295,19 +298,6 @@ redis.call("PEXPIRE", KEYS[1], ARGV[2])
 return answer"#
     ))
 });
-
-/// Every script, for loading them when a connection opens.
-pub(crate) fn all() -> [&'static Script; 7] {
-    [
-        &RELEASE,
-        &RENEW,
-        &SET_TTL,
-        &ACQUIRE_FENCED,
-        &LIFT_FENCE,
-        &RENEW_MANY,
-        &TAKE_OVER,
-    ]
-}
 
 /// The scripts against a real `redis-server`.
 #[cfg(test)]

@@ -87,7 +87,7 @@ impl ClusterNode {
             seeds,
             addr: format!("cluster[{}]", hosts.join(", ")),
             min_replicas: None,
-            shared: Shared::new(connect_timeout),
+            shared: Shared::new(connect_timeout, connect_error),
         })
     }
 
@@ -101,22 +101,12 @@ impl ClusterNode {
         &self.addr
     }
 
-    async fn open(&self) -> Result<ClusterConnection, LockError> {
-        self.client.get_async_connection().await.map_err(|e| {
-            let err = from_redis(e);
-            if err.kind() == ErrorKind::Unavailable {
-                err.with_message(format!("cannot connect to {}", self.addr))
-            } else {
-                err
-            }
-        })
-    }
-
     /// Runs one call with the shared cluster connection, bounded by `limit`
-    /// in all (connecting included). Redirections and reconnections to
-    /// single nodes are the cluster connection's own business; a broken
-    /// cluster connection is replaced, and with `retry_on_drop` the call is
-    /// sent once more on the new one (only for calls safe to repeat).
+    /// in all (waiting for a connection included). Redirections and
+    /// reconnections to single nodes are the cluster connection's own
+    /// business; a broken cluster connection is replaced, and with
+    /// `retry_on_drop` the call is sent once more on the new one (only for
+    /// calls safe to repeat).
     pub(crate) async fn call<T, F, Fut>(
         &self,
         limit: Duration,
@@ -134,9 +124,24 @@ impl ClusterNode {
                 Failure::Answer(from_redis(e))
             }
         };
+        let open = || {
+            let client = self.client.clone();
+            async move { client.get_async_connection().await }
+        };
         self.shared
-            .call(&self.addr, limit, retry_on_drop, || self.open(), failure, f)
+            .call(&self.addr, limit, retry_on_drop, open, failure, f)
             .await
+    }
+}
+
+/// The error for a cluster connection that could not be opened: a refusal
+/// (a wrong password) keeps its own explanation.
+fn connect_error(addr: &str, err: redis::RedisError) -> LockError {
+    let err = from_redis(err);
+    if err.kind() == ErrorKind::Unavailable {
+        err.with_message(format!("cannot connect to {addr}"))
+    } else {
+        err
     }
 }
 

@@ -4,7 +4,6 @@
 use super::shared::{self, Failure, Shared};
 use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
-use futures::future::join_all;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
@@ -67,7 +66,9 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// Where a node's connections go.
+/// Where a node's connections go. Cloned into each connection attempt,
+/// which runs in a task of its own.
+#[derive(Clone)]
 enum Target {
     /// One server, always the same.
     Direct(redis::Client),
@@ -76,6 +77,7 @@ enum Target {
 }
 
 /// What is needed to ask the Sentinels for a service's primary.
+#[derive(Clone)]
 struct SentinelTarget {
     /// The Sentinels' URLs (their own credentials included).
     urls: Vec<String>,
@@ -96,6 +98,48 @@ impl SentinelTarget {
             Some(self.primary.clone()),
             redis::sentinel::SentinelServerType::Master,
         )
+    }
+}
+
+impl Target {
+    /// A new connection: to the server, or to the primary the Sentinels
+    /// name now (they are asked, and the primary checked to answer `ROLE`
+    /// as a primary). Scripts load on first use (`NOSCRIPT`, see
+    /// `scripts.rs`): loading them here too would only make connecting
+    /// longer.
+    ///
+    /// Bounded as a whole by the connect timeout, in [`Shared`]. A
+    /// Sentinel client is built afresh each time (see
+    /// [`SentinelTarget::client`]).
+    async fn open(self, connect_timeout: Duration) -> redis::RedisResult<Conn> {
+        // No response timeout inside the redis crate (its default is
+        // 500 ms): every call is bounded by the caller's limit (the
+        // operation or node timeout) in `Shared::call`, which also replaces
+        // a connection that stopped answering. A second timer per call would
+        // cost time and could cut a call short of the configured bound.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None);
+        match self {
+            Target::Direct(client) => {
+                let info = client.get_connection_info();
+                let settings = info.redis_settings();
+                if let redis::ConnectionAddr::Tcp(host, port) = info.addr()
+                    && settings.protocol() == redis::ProtocolVersion::RESP2
+                {
+                    return Ok(Conn::Wire(Wire::connect(host, *port, settings).await?));
+                }
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map(Conn::Multiplexed)
+            }
+            Target::Sentinel(target) => target
+                .client()?
+                .get_async_connection_with_config(&config)
+                .await
+                .map(Conn::Multiplexed),
+        }
     }
 }
 
@@ -208,7 +252,7 @@ impl Node {
             addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
             connect_timeout,
             min_replicas: None,
-            shared: Shared::new(connect_timeout),
+            shared: Shared::new(connect_timeout, connect_error),
         })
     }
 
@@ -220,7 +264,7 @@ impl Node {
             addr,
             connect_timeout,
             min_replicas: None,
-            shared: Shared::new(connect_timeout),
+            shared: Shared::new(connect_timeout, connect_error),
         }
     }
 
@@ -238,66 +282,13 @@ impl Node {
         matches!(self.target, Target::Sentinel(_))
     }
 
-    /// A new connection: to the server, or to the primary the Sentinels
-    /// name now (they are asked, and the primary checked to answer `ROLE`
-    /// as a primary, within the caller's bound).
-    async fn open(&self) -> redis::RedisResult<Conn> {
-        // No response timeout inside the redis crate (its default is
-        // 500 ms): every call is bounded by the caller's limit (the
-        // operation or node timeout) in `Shared::call`, which also replaces
-        // a connection that stopped answering. A second timer per call would
-        // cost time and could cut a call short of the configured bound.
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(None);
-        match &self.target {
-            Target::Direct(client) => {
-                let info = client.get_connection_info();
-                let settings = info.redis_settings();
-                if let redis::ConnectionAddr::Tcp(host, port) = info.addr()
-                    && settings.protocol() == redis::ProtocolVersion::RESP2
-                {
-                    return Ok(Conn::Wire(Wire::connect(host, *port, settings).await?));
-                }
-                client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map(Conn::Multiplexed)
-            }
-            Target::Sentinel(target) => target
-                .client()?
-                .get_async_connection_with_config(&config)
-                .await
-                .map(Conn::Multiplexed),
-        }
-    }
-
     /// The server's address, without credentials.
     pub(crate) fn addr(&self) -> &str {
         &self.addr
     }
 
-    /// A connection with the scripts loaded, bounded as a whole by the
-    /// caller: with Sentinel, the lookup of the primary, its role check and
-    /// the connection to it.
-    async fn open_loaded(&self) -> Result<Conn, LockError> {
-        let conn = self
-            .open()
-            .await
-            .map_err(|e| connect_error(&self.addr, e))?;
-        // Load the scripts up front, so the first calls after connecting do
-        // not each pay a NOSCRIPT round trip. Best effort: a failure here
-        // only means they load on first use.
-        let loads = crate::scripts::all().map(|script| {
-            let mut conn = conn.clone();
-            async move { script.load_async(&mut conn).await }
-        });
-        let _ = tokio::time::timeout(self.connect_timeout, join_all(loads)).await;
-        Ok(conn)
-    }
-
     /// Runs one call with the shared connection, bounded by `limit` in all
-    /// (connecting included).
+    /// (waiting for a connection included).
     ///
     /// A broken connection is replaced. When `retry_on_drop` is set the call
     /// is sent once more on the new connection: only for calls that are safe
@@ -337,7 +328,7 @@ impl Node {
                 &self.addr,
                 limit,
                 retry_on_drop,
-                || self.open_loaded(),
+                || self.target.clone().open(self.connect_timeout),
                 failure,
                 f,
             )

@@ -1,0 +1,148 @@
+//! Reconnecting after a lost connection over a slow link: connecting (with
+//! a login) must not be cut short by each call's own, shorter bound.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{ErrorKind, LockClient, LockOptions};
+use lock_testkit::{Proxy, ProxyMode, RedisServer};
+use std::cell::Cell;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const PREFIX: &str = "reconnect:";
+const PASSWORD: &str = "reconnect-secret";
+
+/// A server that requires [`PASSWORD`], behind a proxy in `mode`.
+fn server_behind_proxy(mode: ProxyMode) -> (RedisServer, Proxy) {
+    let server = RedisServer::builder().password(PASSWORD).start();
+    let proxy = Proxy::start(server.addr());
+    proxy.set_mode(mode);
+    (server, proxy)
+}
+
+/// The URL of `proxy`, with the server's password.
+fn url(proxy: &Proxy) -> String {
+    format!("redis://:{PASSWORD}@127.0.0.1:{}", proxy.port())
+}
+
+async fn client_at(url: String, op_timeout: Duration) -> LockClient {
+    LockClient::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .operation_timeout(op_timeout)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Runs `check` until it returns `true`, failing after `bound`.
+async fn eventually<F, Fut>(bound: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_slow_link_with_a_login_reconnects_after_a_cut() {
+    // A round trip of 60 ms: connecting and logging in take 60 of the
+    // 100 ms a call may take, and a ping on top of that does not fit.
+    let (_server, proxy) = server_behind_proxy(ProxyMode::Delay(Duration::from_millis(30)));
+    let client = client_at(url(&proxy), Duration::from_millis(100)).await;
+    client.ping().await.unwrap();
+
+    proxy.cut();
+    let mut answered = Vec::new();
+    for _ in 0..10 {
+        answered.push(client.ping().await.is_ok());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failed_first = answered.iter().take_while(|ok| !**ok).count();
+    assert!(
+        failed_first <= 2 && answered[failed_first..].iter().all(|ok| *ok),
+        "pings after the cut (true: answered): {answered:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_keeps_its_bound_while_connecting_hangs_and_recovers_after() {
+    let (_server, proxy) = server_behind_proxy(ProxyMode::Pass);
+    let op_timeout = Duration::from_millis(200);
+    let client = client_at(url(&proxy), op_timeout).await;
+    client.ping().await.unwrap();
+
+    // Connections are accepted but nothing gets through: the login of every
+    // new connection hangs.
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.cut();
+    let bound = op_timeout + Duration::from_millis(250);
+    for i in 0..5 {
+        let started = Instant::now();
+        let err = client.ping().await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        // The first call may instead find the cut connection closed.
+        assert!(i == 0 || err.is_timeout(), "ping {i}: {err}");
+        assert!(took < bound, "ping {i} took {took:?}: {err}");
+    }
+
+    proxy.set_mode(ProxyMode::Pass);
+    eventually(
+        Duration::from_secs(5),
+        "a ping answered after healing",
+        || async { client.ping().await.is_ok() },
+    )
+    .await;
+}
+
+/// A lock and release of a key not used before.
+async fn cycle(client: &LockClient, round: &Cell<u32>) -> bool {
+    round.set(round.get() + 1);
+    let key = format!("k{}", round.get());
+    let options = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_millis(500));
+    match client.lock_with(&key, options).await {
+        Ok(guard) => guard.release().await.unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn redlock_reconnects_over_slow_links_within_its_node_timeout() {
+    // A round trip of 40 ms against 70 ms per server: a call fits, but
+    // not connecting and logging in before it.
+    let delay = ProxyMode::Delay(Duration::from_millis(20));
+    let nodes: Vec<(RedisServer, Proxy)> = (0..3).map(|_| server_behind_proxy(delay)).collect();
+    let client = LockClient::builder()
+        .urls(nodes.iter().map(|(_, proxy)| url(proxy)))
+        .key_prefix(PREFIX)
+        .node_timeout(Duration::from_millis(70))
+        .operation_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let round = Cell::new(0);
+    // The first release on each server also loads the release script.
+    eventually(Duration::from_secs(5), "a first lock and release", || {
+        cycle(&client, &round)
+    })
+    .await;
+
+    for (_, proxy) in &nodes {
+        proxy.cut();
+    }
+    eventually(
+        Duration::from_secs(5),
+        "a lock and release after the cut",
+        || cycle(&client, &round),
+    )
+    .await;
+    for _ in 0..5 {
+        assert!(cycle(&client, &round).await, "round {}", round.get());
+    }
+}
