@@ -377,11 +377,11 @@ impl Quorum {
         }
     }
 
-    /// A round trip to every server; `Ok` once a majority answered.
+    /// A round trip to every server, each bounded by `limit` (it may have
+    /// to connect first); `Ok` once a majority answered.
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
-        let per_node = self.node_timeout.unwrap_or(limit).min(limit);
         let calls =
-            self.each_node(|nodes, i| async move { nodes[i].ping(per_node).await.map(|()| true) });
+            self.each_node(|nodes, i| async move { nodes[i].ping(limit).await.map(|()| true) });
         let answers = until_majority(calls, self.majority(), &self.background, said).await;
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
