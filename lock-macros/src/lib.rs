@@ -17,18 +17,23 @@
 //! }
 //! ```
 //!
-//! How it is built: `attr.rs` parses the arguments and the function,
-//! `template.rs` and `duration.rs` read the key template and the duration
-//! strings, `valid.rs` checks everything against the signature and reports
-//! each mistake on its token, and `expand.rs` generates the code (see its
-//! Input/Output comment).
+//! How it is built, as a pipeline in which each module imports only those
+//! listed before it: `errors.rs` collects the errors and suggests the name
+//! meant; `limits.rs` holds lock-core's ranges; `duration.rs` and
+//! `template.rs` read the duration strings and the key template;
+//! `attr.rs` parses the arguments and the function; `valid.rs` checks
+//! everything against the signature, reporting each mistake on its token;
+//! `expand.rs` generates the code and cannot fail (see its Input/Output
+//! comment).
 //!
 //! [lock-core]: https://docs.rs/lock-core
 #![warn(missing_docs)]
 
 mod attr;
 mod duration;
+mod errors;
 mod expand;
+mod limits;
 mod template;
 mod valid;
 
@@ -264,34 +269,4 @@ fn with_item(errors: syn::Error, item: proc_macro2::TokenStream) -> TokenStream 
     let mut out = errors.into_compile_error();
     out.extend(item);
     out.into()
-}
-
-/// Collects errors so one compile reports every mistake.
-#[derive(Default)]
-struct Errors(Vec<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, error: syn::Error) {
-        self.0.push(error);
-    }
-
-    fn append(&mut self, other: Errors) {
-        self.0.extend(other.0);
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// All the errors as one, in the order they were found.
-    fn finish(self) -> syn::Result<()> {
-        let mut errors = self.0.into_iter();
-        match errors.next() {
-            None => Ok(()),
-            Some(mut all) => {
-                all.extend(errors);
-                Err(all)
-            }
-        }
-    }
 }
