@@ -238,15 +238,27 @@ use proc_macro::TokenStream;
 /// # Compile errors
 ///
 /// Each is reported on the token to fix, several at once, and the function
-/// is still emitted so the rest of the crate keeps type-checking: an
-/// unknown or repeated argument, a missing `key`, a key placeholder that
-/// names no parameter (the message lists those that exist), an unbalanced
-/// brace, an empty key or placeholder, a malformed or zero duration, a ttl
-/// under 10ms or a ttl, wait or hold over 24h, a `max_hold` shorter than
-/// the ttl or than `min_hold`, an `on_lost` that is neither
-/// `"abort"` nor `"continue"`, a function that is not `async` or is
-/// `const`, and a return type that is not `Result<T, E>` with
-/// `E: From<lock_core::LockError>`.
+/// is still emitted so the rest of the crate keeps type-checking:
+///
+/// - **`key`**: missing; empty; not a string literal; an unknown
+///   placeholder (the message names the parameters that exist and suggests
+///   the closest one); `{self...}` without a receiver; a placeholder bound
+///   inside a destructuring pattern; an unbalanced `{` or `}`; an empty
+///   `{}`, a positional `{0}` or a format spec `{x:?}`; a value whose type
+///   is not `Display` (on the key literal).
+/// - **Arguments**: unknown (the valid ones are listed, with a "did you
+///   mean"); set twice; without a value; a value of the wrong kind
+///   (`renew = "true"`, `ttl = 30`, `on_lost = continue`,
+///   `client = "self.locks"`).
+/// - **Durations**: malformed (no unit, unknown unit, fraction, units out
+///   of order); a ttl of zero, under 10ms or over 24h; a wait, `min_hold`
+///   or `max_hold` over 24h; a `max_hold` shorter than the ttl or than
+///   `min_hold`; an `on_lost` other than `"abort"` or `"continue"`.
+/// - **The function**: not `async`; `const`; no return type; a return type
+///   that is not `Result<T, E>` with `E: From<lock_core::LockError>`; an
+///   error type without `From<LockError>` (the message says to add
+///   `impl From<lock_core::LockError> for MyError`); a trait method without
+///   a body.
 ///
 /// [`lock_core::current_lock()`]: https://docs.rs/lock-core/latest/lock_core/fn.current_lock.html
 #[proc_macro_attribute]
