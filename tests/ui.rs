@@ -11,3 +11,23 @@ fn ui() {
     cases.pass("tests/ui/pass/*.rs");
     cases.compile_fail("tests/ui/fail/*.rs");
 }
+
+/// The attribute checks ttl and wait ranges at compile time with copies of
+/// lock-core's limits (a proc-macro crate cannot depend on lock-core); this
+/// fails when a copy drifts from the original.
+#[test]
+fn the_attribute_checks_lock_cores_limits() {
+    #[path = "../lock-macros/src/limits.rs"]
+    mod copied;
+
+    assert_eq!(
+        copied::MIN_TTL,
+        lock_core::MIN_TTL,
+        "update MIN_TTL in lock-macros/src/limits.rs to lock-core's"
+    );
+    assert_eq!(
+        copied::MAX_DURATION,
+        lock_core::MAX_DURATION,
+        "update MAX_DURATION in lock-macros/src/limits.rs to lock-core's"
+    );
+}

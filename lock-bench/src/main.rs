@@ -20,9 +20,10 @@
 //! loops), [`stats`] (percentiles and merged acquisition records),
 //! [`sysinfo`] (`/proc`), [`report`] (table, CSV, JSON, ratios).
 //!
-//! rslock is a normal dependency: its `tokio-comp` feature turns on redis'
-//! rustls support (rustls, ring, rustls-native-certs), which measured 7 s
-//! extra on a clean debug build of the whole workspace on a 2-core machine.
+//! rslock is a normal dependency, not behind a feature: its `tokio-comp`
+//! feature turns on redis' rustls support (rustls, ring,
+//! rustls-native-certs), which a workspace build compiles anyway for
+//! lock-core's `tls` tests.
 
 mod args;
 mod contenders;

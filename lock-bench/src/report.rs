@@ -158,105 +158,26 @@ impl Report {
 
     /// The ratios the issue asks for, from the rows that ran.
     pub fn ratios(&self) -> Vec<Ratio> {
-        let mut out = Vec::new();
-        let mut push = |workload, name: String, value: Option<f64>, target| {
-            if let Some(value) = value.filter(|v| v.is_finite()) {
-                out.push(Ratio {
-                    workload,
-                    name,
-                    value,
-                    target,
-                });
-            }
-        };
-        let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
-        };
+        let mut out = Ratios(Vec::new());
         for w in &self.workloads {
-            let rate = |imp| w.row(imp).and_then(|r| r.rate);
-            let id = w.id;
-            if matches!(id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
-                for imp in [Impl::Guard, Impl::Attribute] {
-                    let name = format!("{} / minimum, cycles/s", imp.label());
-                    for (name, value, target) in
-                        rate_ratios(w, name, imp, Impl::Minimum, 1.0, Target::AtLeast(0.9))
-                    {
-                        push(id, name, value, target);
-                    }
-                }
+            if matches!(w.id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
+                out.against_minimum(w);
             }
-            if matches!(id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
-                let cpu = |imp| {
-                    w.row(imp)
-                        .and_then(|r| Some(r.client_cpu_us? + r.server_cpu_us?))
-                };
-                for imp in [Impl::Guard, Impl::Attribute] {
-                    push(
-                        id,
-                        format!("minimum / {}, CPU per cycle (client + server)", imp.label()),
-                        div(cpu(Impl::Minimum), cpu(imp)),
-                        None,
-                    );
-                }
-            }
-            if id == WorkloadId::W1 {
-                let name = "lock-core guard / (floor / 2), cycles/s".to_owned();
-                for (name, value, target) in
-                    rate_ratios(w, name, Impl::Guard, Impl::Floor, 0.5, Target::AtLeast(0.9))
-                {
-                    push(id, name, value, target);
-                }
-                // No target: the release is a Lua script, which costs the
-                // server more than a SET, so no correct lock on Redis 7.0
-                // makes two raw round trips (see the minimum's ratio).
-                for imp in [Impl::Minimum, Impl::Guard] {
-                    push(
-                        id,
-                        format!("{} / (raw floor / 2), cycles/s", imp.label()),
-                        div(rate(imp), rate(Impl::RawFloor).map(|f| f / 2.0)),
-                        None,
-                    );
-                }
+            if w.id == WorkloadId::W1 {
+                out.against_floor(w);
             }
             if w.row(Impl::Rslock).is_some() {
-                for imp in [Impl::Guard, Impl::Attribute] {
-                    let name = format!("{} / rslock, {}/s", imp.label(), unit_of(w, imp));
-                    if id == WorkloadId::W4 {
-                        for (name, value, target) in
-                            rate_ratios(w, name, imp, Impl::Rslock, 1.0, Target::AtLeast(1.0))
-                        {
-                            push(id, name, value, target);
-                        }
-                    } else {
-                        push(id, name, div(rate(imp), rate(Impl::Rslock)), None);
-                    }
-                }
+                out.against_rslock(w);
             }
-            if matches!(id, WorkloadId::W3 | WorkloadId::W3p) {
-                let switches = |imp| w.row(imp).and_then(|r| r.switches_per_s);
-                let max_wait = |imp| w.row(imp).and_then(|r| r.max_us);
-                for imp in [Impl::Guard, Impl::Attribute] {
-                    push(
-                        id,
-                        format!("{} / rslock, owner switches/s", imp.label()),
-                        div(switches(imp), switches(Impl::Rslock)),
-                        Some(Target::AtLeast(10.0)),
-                    );
-                    push(
-                        id,
-                        format!("{} / rslock, max wait", imp.label()),
-                        div(max_wait(imp), max_wait(Impl::Rslock)),
-                        Some(Target::AtMost(0.1)),
-                    );
-                }
+            if matches!(w.id, WorkloadId::W3 | WorkloadId::W3p) {
+                out.contended(w);
             }
         }
         if let Some(w3p) = self.workload(WorkloadId::W3p)
             && let Some(w3) = self.workload(WorkloadId::W3)
         {
             let rate = |w: &WorkloadResult| w.row(Impl::Guard).and_then(|r| r.rate);
-            push(
+            out.push(
                 WorkloadId::W3p,
                 "lock-core guard, W3 (1 process) / W3p (4 processes), acquisitions/s".to_owned(),
                 div(rate(w3), rate(w3p)),
@@ -267,13 +188,13 @@ impl Report {
             .workload(WorkloadId::W5)
             .and_then(|w| w.row(Impl::Guard))
         {
-            push(
+            out.push(
                 WorkloadId::W5,
                 "locks lost".to_owned(),
                 row.locks_lost.map(|n| n as f64),
                 Some(Target::AtMost(0.0)),
             );
-            push(
+            out.push(
                 WorkloadId::W5,
                 "RSS per held lock, bytes (heap target: < 1 KiB beyond key and token)".to_owned(),
                 row.rss_per_lock,
@@ -284,14 +205,14 @@ impl Report {
             .workload(WorkloadId::W6)
             .and_then(|w| w.row(Impl::Attribute))
         {
-            push(
+            out.push(
                 WorkloadId::W6,
                 "attribute overhead over the guard API, %".to_owned(),
                 row.overhead_percent,
                 Some(Target::AtMost(3.0)),
             );
         }
-        out
+        out.0
     }
 
     /// The machine, the table and the ratios, as printed to stdout.
@@ -536,7 +457,120 @@ impl Report {
     }
 }
 
-/// What the rate of `imp` in `w` counts.
+/// The ratios of one report, in the order they are printed; a ratio whose
+/// rows did not run (or came out not finite) is left out.
+struct Ratios(Vec<Ratio>);
+
+impl Ratios {
+    fn push(
+        &mut self,
+        workload: WorkloadId,
+        name: String,
+        value: Option<f64>,
+        target: Option<Target>,
+    ) {
+        if let Some(value) = value.filter(|v| v.is_finite()) {
+            self.0.push(Ratio {
+                workload,
+                name,
+                value,
+                target,
+            });
+        }
+    }
+
+    /// W1, W2, W4: lock-core against the minimum, in cycles and in CPU.
+    fn against_minimum(&mut self, w: &WorkloadResult) {
+        for imp in [Impl::Guard, Impl::Attribute] {
+            let name = format!("{} / minimum, cycles/s", imp.label());
+            for (name, value, target) in
+                rate_ratios(w, name, imp, Impl::Minimum, 1.0, Target::AtLeast(0.9))
+            {
+                self.push(w.id, name, value, target);
+            }
+        }
+        let cpu = |imp| {
+            w.row(imp)
+                .and_then(|r| Some(r.client_cpu_us? + r.server_cpu_us?))
+        };
+        for imp in [Impl::Guard, Impl::Attribute] {
+            self.push(
+                w.id,
+                format!("minimum / {}, CPU per cycle (client + server)", imp.label()),
+                div(cpu(Impl::Minimum), cpu(imp)),
+                None,
+            );
+        }
+    }
+
+    /// W1: lock-core and the minimum against two round trips.
+    fn against_floor(&mut self, w: &WorkloadResult) {
+        let rate = |imp| w.row(imp).and_then(|r| r.rate);
+        let name = "lock-core guard / (floor / 2), cycles/s".to_owned();
+        for (name, value, target) in
+            rate_ratios(w, name, Impl::Guard, Impl::Floor, 0.5, Target::AtLeast(0.9))
+        {
+            self.push(w.id, name, value, target);
+        }
+        // No target: the release is a Lua script, which costs the server
+        // more than a SET, so no correct lock on Redis 7.0 makes two raw
+        // round trips (see the minimum's ratio).
+        for imp in [Impl::Minimum, Impl::Guard] {
+            self.push(
+                w.id,
+                format!("{} / (raw floor / 2), cycles/s", imp.label()),
+                div(rate(imp), rate(Impl::RawFloor).map(|f| f / 2.0)),
+                None,
+            );
+        }
+    }
+
+    /// Every workload rslock ran in: lock-core's rate against rslock's.
+    fn against_rslock(&mut self, w: &WorkloadResult) {
+        let rate = |imp| w.row(imp).and_then(|r| r.rate);
+        for imp in [Impl::Guard, Impl::Attribute] {
+            let name = format!("{} / rslock, {}/s", imp.label(), unit_of(w, imp));
+            if w.id == WorkloadId::W4 {
+                for (name, value, target) in
+                    rate_ratios(w, name, imp, Impl::Rslock, 1.0, Target::AtLeast(1.0))
+                {
+                    self.push(w.id, name, value, target);
+                }
+            } else {
+                self.push(w.id, name, div(rate(imp), rate(Impl::Rslock)), None);
+            }
+        }
+    }
+
+    /// W3, W3p: owner switches and the longest wait against rslock's.
+    fn contended(&mut self, w: &WorkloadResult) {
+        let switches = |imp| w.row(imp).and_then(|r| r.switches_per_s);
+        let max_wait = |imp| w.row(imp).and_then(|r| r.max_us);
+        for imp in [Impl::Guard, Impl::Attribute] {
+            self.push(
+                w.id,
+                format!("{} / rslock, owner switches/s", imp.label()),
+                div(switches(imp), switches(Impl::Rslock)),
+                Some(Target::AtLeast(10.0)),
+            );
+            self.push(
+                w.id,
+                format!("{} / rslock, max wait", imp.label()),
+                div(max_wait(imp), max_wait(Impl::Rslock)),
+                Some(Target::AtMost(0.1)),
+            );
+        }
+    }
+}
+
+/// `a / b`, when both are there and `b` is positive.
+fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
 /// The rate of `a` over `scale` × the rate of `b`, twice: over the whole
 /// run, and as the median over the interleaved rounds of the ratio of the
 /// two rows' rounds with the same index (which ran next to each other).
@@ -582,6 +616,7 @@ fn rate_ratios(
     ]
 }
 
+/// What the rate of `imp` in `w` counts.
 fn unit_of(w: &WorkloadResult, imp: Impl) -> &'static str {
     w.row(imp).map_or("ops", |r| r.rate_unit)
 }

@@ -1175,6 +1175,7 @@ impl LockClientBuilder {
     /// # drop(client); Ok(()) }
     /// ```
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         let mut pem = pem.into();
         let tls = self.tls.get_or_insert(redis::TlsCertificates {
@@ -1197,6 +1198,7 @@ impl LockClientBuilder {
     ///
     /// Needs the `tls` feature.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_client_certificate(
         mut self,
         cert_pem: impl Into<Vec<u8>>,

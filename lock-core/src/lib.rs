@@ -69,6 +69,7 @@
 //! assert_eq!(bill(7).await?, 7);
 //! # Ok(()) }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod backoff;
@@ -101,4 +102,5 @@ pub use line::HandoffBudget;
 
 /// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use lock_macros::distributed_lock;

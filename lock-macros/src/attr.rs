@@ -4,17 +4,25 @@
 //! spans. Every mistake found here is collected, so one compile shows them
 //! all; meaning (durations, key placeholders, ranges) is `valid.rs`'s job.
 
-use crate::Errors;
-use crate::valid::closest;
+use crate::errors::{Errors, closest};
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitBool, LitStr, Signature, Token, Visibility};
 
-/// Every argument, in the order the docs list them.
-pub(crate) const ARGUMENTS: [&str; 10] = [
-    "key", "ttl", "wait", "renew", "on_lost", "fencing", "min_hold", "max_hold", "client", "crate",
+/// Every argument, in the order the docs list them, with how it is written.
+const ARGUMENTS: [(&str, &str); 10] = [
+    ("key", "key = \"order:{order_id}\""),
+    ("ttl", "ttl = \"30s\""),
+    ("wait", "wait = \"5s\""),
+    ("renew", "renew = true"),
+    ("on_lost", "on_lost = \"abort\""),
+    ("fencing", "fencing = true"),
+    ("min_hold", "min_hold = \"5s\""),
+    ("max_hold", "max_hold = \"10m\""),
+    ("client", "client = self.locks"),
+    ("crate", "crate = \"::lock_core\""),
 ];
 
 /// Words people reach for, and the argument that does it.
@@ -93,52 +101,52 @@ impl Parse for Args {
 }
 
 impl Args {
-    /// Records `name = value`, rejecting unknown and repeated arguments and
-    /// values of the wrong kind.
+    /// Records `name = value`. One arm per argument: each parses its own
+    /// value and refuses to be set twice; a name no arm knows is an error.
     fn set(&mut self, name: &Ident, value: Expr) -> syn::Result<()> {
-        let text = name.unraw().to_string();
-        let already = match text.as_str() {
-            "key" => self.key.is_some(),
-            "ttl" => self.ttl.is_some(),
-            "wait" => self.wait.is_some(),
-            "renew" => self.renew.is_some(),
-            "on_lost" => self.on_lost.is_some(),
-            "fencing" => self.fencing.is_some(),
-            "min_hold" => self.min_hold.is_some(),
-            "max_hold" => self.max_hold.is_some(),
-            "client" => self.client.is_some(),
-            "crate" => self.krate.is_some(),
-            _ => return Err(unknown_argument(name, &text)),
-        };
-        if already {
-            return Err(syn::Error::new(
-                name.span(),
-                format!("`{text}` is set more than once: keep a single `{text} = ...`"),
-            ));
+        match name.unraw().to_string().as_str() {
+            "key" => once(&mut self.key, name, || key(value)),
+            "ttl" => once(&mut self.ttl, name, || duration("ttl", value)),
+            "wait" => once(&mut self.wait, name, || duration("wait", value)),
+            "renew" => once(&mut self.renew, name, || boolean("renew", value)),
+            "on_lost" => once(&mut self.on_lost, name, || on_lost(value)),
+            "fencing" => once(&mut self.fencing, name, || boolean("fencing", value)),
+            "min_hold" => once(&mut self.min_hold, name, || duration("min_hold", value)),
+            "max_hold" => once(&mut self.max_hold, name, || duration("max_hold", value)),
+            "client" => once(&mut self.client, name, || client(value)),
+            "crate" => once(&mut self.krate, name, || krate(value)),
+            _ => Err(unknown_argument(name)),
         }
-        match text.as_str() {
-            "key" => self.key = Some(key(value)?),
-            "ttl" => self.ttl = Some(duration("ttl", value)?),
-            "wait" => self.wait = Some(duration("wait", value)?),
-            "renew" => self.renew = Some(boolean("renew", value)?),
-            "fencing" => self.fencing = Some(boolean("fencing", value)?),
-            "min_hold" => self.min_hold = Some(duration("min_hold", value)?),
-            "max_hold" => self.max_hold = Some(duration("max_hold", value)?),
-            "on_lost" => self.on_lost = Some(on_lost(value)?),
-            "client" => self.client = Some(client(value)?),
-            _ => self.krate = Some(krate(value)?),
-        }
-        Ok(())
     }
 }
 
-fn unknown_argument(name: &Ident, text: &str) -> syn::Error {
-    let valid = ARGUMENTS.map(|a| format!("`{a}`")).join(", ");
+/// Fills `slot` with the value `parse` reads, unless the argument `name` was
+/// given before.
+fn once<T>(
+    slot: &mut Option<T>,
+    name: &Ident,
+    parse: impl FnOnce() -> syn::Result<T>,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        let text = name.unraw();
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`{text}` is set more than once: keep a single `{text} = ...`"),
+        ));
+    }
+    *slot = Some(parse()?);
+    Ok(())
+}
+
+fn unknown_argument(name: &Ident) -> syn::Error {
+    let text = name.unraw().to_string();
+    let names = ARGUMENTS.map(|(argument, _)| argument);
+    let valid = names.map(|a| format!("`{a}`")).join(", ");
     let hint = ALIASES
         .iter()
         .find(|(alias, _)| *alias == text)
         .map(|(_, argument)| *argument)
-        .or_else(|| closest(text, ARGUMENTS))
+        .or_else(|| closest(&text, names))
         .map(|argument| format!("did you mean `{argument}`? "))
         .unwrap_or_default();
     syn::Error::new(
@@ -149,23 +157,13 @@ fn unknown_argument(name: &Ident, text: &str) -> syn::Error {
 
 fn missing_value(name: &Ident) -> syn::Error {
     let text = name.unraw().to_string();
-    let example = match text.as_str() {
-        "key" => "key = \"order:{order_id}\"",
-        "ttl" => "ttl = \"30s\"",
-        "wait" => "wait = \"5s\"",
-        "renew" => "renew = true",
-        "on_lost" => "on_lost = \"abort\"",
-        "fencing" => "fencing = true",
-        "min_hold" => "min_hold = \"5s\"",
-        "max_hold" => "max_hold = \"10m\"",
-        "client" => "client = self.locks",
-        "crate" => "crate = \"::lock_core\"",
-        _ => return unknown_argument(name, &text),
-    };
-    syn::Error::new(
-        name.span(),
-        format!("`{text}` needs a value: write `{example}`"),
-    )
+    match ARGUMENTS.iter().find(|(argument, _)| *argument == text) {
+        Some((_, example)) => syn::Error::new(
+            name.span(),
+            format!("`{text}` needs a value: write `{example}`"),
+        ),
+        None => unknown_argument(name),
+    }
 }
 
 fn literal(value: &Expr) -> Option<&Lit> {

@@ -17,18 +17,23 @@
 //! }
 //! ```
 //!
-//! How it is built: `attr.rs` parses the arguments and the function,
-//! `template.rs` and `duration.rs` read the key template and the duration
-//! strings, `valid.rs` checks everything against the signature and reports
-//! each mistake on its token, and `expand.rs` generates the code (see its
-//! Input/Output comment).
+//! How it is built, as a pipeline in which each module imports only those
+//! listed before it: `errors.rs` collects the errors and suggests the name
+//! meant; `limits.rs` holds lock-core's ranges; `duration.rs` and
+//! `template.rs` read the duration strings and the key template;
+//! `attr.rs` parses the arguments and the function; `valid.rs` checks
+//! everything against the signature, reporting each mistake on its token;
+//! `expand.rs` generates the code and cannot fail (see its Input/Output
+//! comment).
 //!
 //! [lock-core]: https://docs.rs/lock-core
 #![warn(missing_docs)]
 
 mod attr;
 mod duration;
+mod errors;
 mod expand;
+mod limits;
 mod template;
 mod valid;
 
@@ -233,15 +238,27 @@ use proc_macro::TokenStream;
 /// # Compile errors
 ///
 /// Each is reported on the token to fix, several at once, and the function
-/// is still emitted so the rest of the crate keeps type-checking: an
-/// unknown or repeated argument, a missing `key`, a key placeholder that
-/// names no parameter (the message lists those that exist), an unbalanced
-/// brace, an empty key or placeholder, a malformed or zero duration, a ttl
-/// under 10ms or a ttl, wait or hold over 24h, a `max_hold` shorter than
-/// the ttl or than `min_hold`, an `on_lost` that is neither
-/// `"abort"` nor `"continue"`, a function that is not `async` or is
-/// `const`, and a return type that is not `Result<T, E>` with
-/// `E: From<lock_core::LockError>`.
+/// is still emitted so the rest of the crate keeps type-checking:
+///
+/// - **`key`**: missing; empty; not a string literal; an unknown
+///   placeholder (the message names the parameters that exist and suggests
+///   the closest one); `{self...}` without a receiver; a placeholder bound
+///   inside a destructuring pattern; an unbalanced `{` or `}`; an empty
+///   `{}`, a positional `{0}` or a format spec `{x:?}`; a value whose type
+///   is not `Display` (on the key literal).
+/// - **Arguments**: unknown (the valid ones are listed, with a "did you
+///   mean"); set twice; without a value; a value of the wrong kind
+///   (`renew = "true"`, `ttl = 30`, `on_lost = continue`,
+///   `client = "self.locks"`).
+/// - **Durations**: malformed (no unit, unknown unit, fraction, units out
+///   of order); a ttl of zero, under 10ms or over 24h; a wait, `min_hold`
+///   or `max_hold` over 24h; a `max_hold` shorter than the ttl or than
+///   `min_hold`; an `on_lost` other than `"abort"` or `"continue"`.
+/// - **The function**: not `async`; `const`; no return type; a return type
+///   that is not `Result<T, E>` with `E: From<lock_core::LockError>`; an
+///   error type without `From<LockError>` (the message says to add
+///   `impl From<lock_core::LockError> for MyError`); a trait method without
+///   a body.
 ///
 /// [`lock_core::current_lock()`]: https://docs.rs/lock-core/latest/lock_core/fn.current_lock.html
 #[proc_macro_attribute]
@@ -264,34 +281,4 @@ fn with_item(errors: syn::Error, item: proc_macro2::TokenStream) -> TokenStream 
     let mut out = errors.into_compile_error();
     out.extend(item);
     out.into()
-}
-
-/// Collects errors so one compile reports every mistake.
-#[derive(Default)]
-struct Errors(Vec<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, error: syn::Error) {
-        self.0.push(error);
-    }
-
-    fn append(&mut self, other: Errors) {
-        self.0.extend(other.0);
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// All the errors as one, in the order they were found.
-    fn finish(self) -> syn::Result<()> {
-        let mut errors = self.0.into_iter();
-        match errors.next() {
-            None => Ok(()),
-            Some(mut all) => {
-                all.extend(errors);
-                Err(all)
-            }
-        }
-    }
 }

@@ -4,23 +4,16 @@
 //! What comes out, a [`Lock`], is everything `expand.rs` needs, already
 //! resolved, so generating the code cannot fail.
 
-use crate::Errors;
 use crate::attr::{Args, LockedFn};
 use crate::duration::{self, DurationError};
-use crate::template::{self, Root, Segment, TemplateError};
+use crate::errors::{Errors, closest};
+use crate::limits::{MAX_DURATION, MIN_TTL};
+use crate::template::{self, Placeholder, Root, Segment, TemplateError};
 use proc_macro2::Span;
 use quote::ToTokens;
 use std::time::Duration;
 use syn::visit::Visit;
 use syn::{Expr, FnArg, Ident, LitStr, Member, Pat, Path, ReturnType, Signature, Type};
-
-/// The shortest ttl: a renewal every ttl/3 must have a chance to finish a
-/// round trip. Same as `lock_core::MIN_TTL`.
-const MIN_TTL: Duration = Duration::from_millis(10);
-
-/// The longest ttl or wait (24 hours): anything longer is a unit mistake.
-/// Same as `lock_core::MAX_DURATION`.
-const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A checked attribute on a checked function: what to generate.
 pub(crate) struct Lock<'a> {
@@ -129,6 +122,7 @@ fn check_signature<'a>(sig: &'a Signature, errors: &mut Errors) -> Option<&'a Ty
 }
 
 /// Checks the arguments; `None` when something is wrong (and reported).
+/// Errors are pushed in the order the docs list the arguments.
 fn check_args<'a>(
     args: &'a Args,
     sig: &Signature,
@@ -147,123 +141,24 @@ fn check_args<'a>(
             None
         }
     };
-    let ttl = args.ttl.as_ref().and_then(|lit| {
-        let ttl = check_duration("ttl", lit, errors)?;
-        let shown = restated(lit, ttl);
-        let problem = if ttl.is_zero() {
-            "is zero: the lease would end as it starts; give it a length like \"30s\"".to_owned()
-        } else if ttl < MIN_TTL {
-            format!(
-                "{shown}is shorter than 10ms: renewal runs every ttl/3 and needs a round trip to Redis in that time; use at least \"10ms\" (seconds are typical)"
-            )
-        } else if ttl > MAX_DURATION {
-            format!(
-                "{shown}is longer than 24h: check the unit; for long work keep a short ttl and let `renew` keep the lock alive"
-            )
-        } else {
-            return Some(ttl);
-        };
-        errors.push(syn::Error::new(
-            lit.span(),
-            format!("`ttl = {}` {problem}", lit.to_token_stream()),
-        ));
-        None
-    });
-    let wait = args.wait.as_ref().and_then(|lit| {
-        let wait = check_duration("wait", lit, errors)?;
-        if wait > MAX_DURATION {
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`wait = {}` {}is longer than 24h: check the unit; `wait = \"0s\"` makes a single attempt",
-                    lit.to_token_stream(),
-                    restated(lit, wait)
-                ),
-            ));
-            return None;
-        }
-        Some(wait)
-    });
-    let hold = |name: &str, lit: &LitStr, errors: &mut Errors| {
-        let hold = check_duration(name, lit, errors)?;
-        let problem = if hold.is_zero() {
-            "is zero: leave the argument out instead"
-        } else if hold > MAX_DURATION {
-            "is longer than 24h: check the unit"
-        } else {
-            return Some(hold);
-        };
-        errors.push(syn::Error::new(
-            lit.span(),
-            format!("`{name} = {}` {problem}", lit.to_token_stream()),
-        ));
-        None
-    };
+    let ttl = args.ttl.as_ref().and_then(|lit| check_ttl(lit, errors));
+    let wait = args.wait.as_ref().and_then(|lit| check_wait(lit, errors));
     let min_hold = args
         .min_hold
         .as_ref()
-        .and_then(|lit| hold("min_hold", lit, errors));
+        .and_then(|lit| check_hold("min_hold", lit, errors));
     let max_hold = args
         .max_hold
         .as_ref()
-        .and_then(|lit| hold("max_hold", lit, errors));
+        .and_then(|lit| check_hold("max_hold", lit, errors));
     if let (Some(max), Some(lit)) = (max_hold, args.max_hold.as_ref()) {
-        if let Some(ttl) = ttl
-            && max < ttl
-        {
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`max_hold = {}` is shorter than the ttl ({ttl:?}): the lock would end before its first lease; make max_hold at least the ttl",
-                    lit.to_token_stream()
-                ),
-            ));
-        }
-        if let Some(min) = min_hold
-            && min > max
-        {
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`max_hold = {}` is shorter than `min_hold` ({min:?}): the lock cannot be kept at least {min:?} and at most {max:?}",
-                    lit.to_token_stream()
-                ),
-            ));
-        }
+        check_max_hold(lit, max, ttl, min_hold, errors);
     }
-    let on_lost = args.on_lost.as_ref().and_then(|lit| match lit.value().as_str() {
-        "abort" => Some(OnLost::Abort),
-        "continue" => Some(OnLost::Continue),
-        other => {
-            let hint = closest(other, ["abort", "continue"])
-                .map(|word| format!("did you mean \"{word}\"? "))
-                .unwrap_or_default();
-            errors.push(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`on_lost = {}` is not a choice: {hint}write \"abort\" (stop the body at its next await and return the Lost error) or \"continue\" (let the body finish)",
-                    lit.to_token_stream()
-                ),
-            ));
-            None
-        }
-    });
-    let krate = match &args.krate {
-        None => Some(syn::parse_quote!(::lock_core)),
-        Some(lit) => match lit.parse::<Path>() {
-            Ok(path) => Some(path),
-            Err(_) => {
-                errors.push(syn::Error::new(
-                    lit.span(),
-                    format!(
-                        "`crate = {}` is not a path: name lock-core as your Cargo.toml renamed it, like `crate = \"::my_locks\"`",
-                        lit.to_token_stream()
-                    ),
-                ));
-                None
-            }
-        },
-    };
+    let on_lost = args
+        .on_lost
+        .as_ref()
+        .and_then(|lit| check_on_lost(lit, errors));
+    let krate = check_crate(args.krate.as_ref(), errors);
     if errors.len() > before {
         return None;
     }
@@ -282,6 +177,144 @@ fn check_args<'a>(
         ret,
         ret_nameable: !has_impl_trait(ret),
     })
+}
+
+/// `ttl = ".."`: a duration, not zero, within lock-core's range.
+fn check_ttl(lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
+    let ttl = check_duration("ttl", lit, errors)?;
+    let shown = restated(lit, ttl);
+    let problem = if ttl.is_zero() {
+        "is zero: the lease would end as it starts; give it a length like \"30s\"".to_owned()
+    } else if ttl < MIN_TTL {
+        let min = duration::display(MIN_TTL);
+        format!(
+            "{shown}is shorter than {min}: renewal runs every ttl/3 and needs a round trip to Redis in that time; use at least \"{min}\" (seconds are typical)"
+        )
+    } else if ttl > MAX_DURATION {
+        format!(
+            "{shown}is longer than {}: check the unit; for long work keep a short ttl and let `renew` keep the lock alive",
+            duration::display(MAX_DURATION)
+        )
+    } else {
+        return Some(ttl);
+    };
+    errors.push(syn::Error::new(
+        lit.span(),
+        format!("`ttl = {}` {problem}", lit.to_token_stream()),
+    ));
+    None
+}
+
+/// `wait = ".."`: a duration within lock-core's range; zero is one attempt.
+fn check_wait(lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
+    let wait = check_duration("wait", lit, errors)?;
+    if wait > MAX_DURATION {
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!(
+                "`wait = {}` {}is longer than {}: check the unit; `wait = \"0s\"` makes a single attempt",
+                lit.to_token_stream(),
+                restated(lit, wait),
+                duration::display(MAX_DURATION)
+            ),
+        ));
+        return None;
+    }
+    Some(wait)
+}
+
+/// `min_hold = ".."` or `max_hold = ".."`: a duration, not zero, within
+/// lock-core's range.
+fn check_hold(name: &str, lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
+    let hold = check_duration(name, lit, errors)?;
+    let problem = if hold.is_zero() {
+        "is zero: leave the argument out instead".to_owned()
+    } else if hold > MAX_DURATION {
+        format!(
+            "is longer than {}: check the unit",
+            duration::display(MAX_DURATION)
+        )
+    } else {
+        return Some(hold);
+    };
+    errors.push(syn::Error::new(
+        lit.span(),
+        format!("`{name} = {}` {problem}", lit.to_token_stream()),
+    ));
+    None
+}
+
+/// `max_hold` (`max`, written as `lit`) against the ttl and `min_hold`.
+fn check_max_hold(
+    lit: &LitStr,
+    max: Duration,
+    ttl: Option<Duration>,
+    min_hold: Option<Duration>,
+    errors: &mut Errors,
+) {
+    if let Some(ttl) = ttl
+        && max < ttl
+    {
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!(
+                "`max_hold = {}` is shorter than the ttl ({ttl:?}): the lock would end before its first lease; make max_hold at least the ttl",
+                lit.to_token_stream()
+            ),
+        ));
+    }
+    if let Some(min) = min_hold
+        && min > max
+    {
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!(
+                "`max_hold = {}` is shorter than `min_hold` ({min:?}): the lock cannot be kept at least {min:?} and at most {max:?}",
+                lit.to_token_stream()
+            ),
+        ));
+    }
+}
+
+/// `on_lost = ".."`: one of the two choices.
+fn check_on_lost(lit: &LitStr, errors: &mut Errors) -> Option<OnLost> {
+    match lit.value().as_str() {
+        "abort" => Some(OnLost::Abort),
+        "continue" => Some(OnLost::Continue),
+        other => {
+            let hint = closest(other, ["abort", "continue"])
+                .map(|word| format!("did you mean \"{word}\"? "))
+                .unwrap_or_default();
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`on_lost = {}` is not a choice: {hint}write \"abort\" (stop the body at its next await and return the Lost error) or \"continue\" (let the body finish)",
+                    lit.to_token_stream()
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// `crate = ".."`: a path; `::lock_core` without it.
+fn check_crate(lit: Option<&LitStr>, errors: &mut Errors) -> Option<Path> {
+    let Some(lit) = lit else {
+        return Some(syn::parse_quote!(::lock_core));
+    };
+    match lit.parse::<Path>() {
+        Ok(path) => Some(path),
+        Err(_) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`crate = {}` is not a path: name lock-core as your Cargo.toml renamed it, like `crate = \"::my_locks\"`",
+                    lit.to_token_stream()
+                ),
+            ));
+            None
+        }
+    }
 }
 
 /// `"(1h30m) "` for `"90m"`: the value in canonical form, when it reads
@@ -479,62 +512,11 @@ fn check_key(lit: &LitStr, sig: &Signature, errors: &mut Errors) -> Option<Key> 
             }
             Segment::Value(placeholder) => placeholder,
         };
-        let root = match &placeholder.root {
-            Root::SelfValue => match params.receiver {
-                Some(self_span) => Ident::new("self", span.resolved_at(self_span)),
-                None => {
-                    errors.push(syn::Error::new(
-                        span,
-                        format!(
-                            "the lock key uses `{{{}}}`, but `{}` has no `self` parameter; {}",
-                            placeholder.text,
-                            params.fn_name,
-                            params.describe()
-                        ),
-                    ));
-                    continue;
-                }
-            },
-            Root::Name(name) => {
-                if let Some(param) = params.named.iter().find(|ident| **ident == name) {
-                    let mut root = (*param).clone();
-                    root.set_span(span.resolved_at(param.span()));
-                    root
-                } else if let Some((_, typed)) =
-                    params.in_patterns.iter().find(|(ident, _)| *ident == name)
-                {
-                    errors.push(pattern_bound(&placeholder.text, name, typed, span));
-                    continue;
-                } else if params.receiver.is_none() && params.named.is_empty() {
-                    errors.push(syn::Error::new(
-                        span,
-                        format!(
-                            "unknown placeholder `{{{}}}` in the lock key: {}",
-                            placeholder.text,
-                            params.describe()
-                        ),
-                    ));
-                    continue;
-                } else {
-                    let candidates = params
-                        .named
-                        .iter()
-                        .map(|i| i.to_string())
-                        .collect::<Vec<_>>();
-                    let hint = closest(&name.to_string(), candidates.iter().map(String::as_str))
-                        .map(|c| format!("did you mean `{{{c}}}`? "))
-                        .unwrap_or_default();
-                    errors.push(syn::Error::new(
-                        span,
-                        format!(
-                            "unknown placeholder `{{{}}}` in the lock key: `{}` has no parameter `{name}`; {hint}{}",
-                            placeholder.text,
-                            params.fn_name,
-                            params.describe()
-                        ),
-                    ));
-                    continue;
-                }
+        let root = match resolve_root(&placeholder, &params, span) {
+            Ok(root) => root,
+            Err(e) => {
+                errors.push(e);
+                continue;
             }
         };
         let fields = placeholder
@@ -554,6 +536,63 @@ fn check_key(lit: &LitStr, sig: &Signature, errors: &mut Errors) -> Option<Key> 
         parts.push(KeyPart::Value { root, fields });
     }
     (errors.len() == before).then_some(Key { span, parts })
+}
+
+/// The parameter (or `self`) a placeholder starts from, spanned on the key
+/// literal `span` but resolved where the parameter is declared.
+fn resolve_root(placeholder: &Placeholder, params: &Params<'_>, span: Span) -> syn::Result<Ident> {
+    let name = match &placeholder.root {
+        Root::SelfValue => {
+            return match params.receiver {
+                Some(self_span) => Ok(Ident::new("self", span.resolved_at(self_span))),
+                None => Err(syn::Error::new(
+                    span,
+                    format!(
+                        "the lock key uses `{{{}}}`, but `{}` has no `self` parameter; {}",
+                        placeholder.text,
+                        params.fn_name,
+                        params.describe()
+                    ),
+                )),
+            };
+        }
+        Root::Name(name) => name,
+    };
+    if let Some(param) = params.named.iter().find(|ident| **ident == name) {
+        let mut root = (*param).clone();
+        root.set_span(span.resolved_at(param.span()));
+        return Ok(root);
+    }
+    if let Some((_, typed)) = params.in_patterns.iter().find(|(ident, _)| *ident == name) {
+        return Err(pattern_bound(&placeholder.text, name, typed, span));
+    }
+    if params.receiver.is_none() && params.named.is_empty() {
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "unknown placeholder `{{{}}}` in the lock key: {}",
+                placeholder.text,
+                params.describe()
+            ),
+        ));
+    }
+    let candidates = params
+        .named
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>();
+    let hint = closest(&name.to_string(), candidates.iter().map(String::as_str))
+        .map(|c| format!("did you mean `{{{c}}}`? "))
+        .unwrap_or_default();
+    Err(syn::Error::new(
+        span,
+        format!(
+            "unknown placeholder `{{{}}}` in the lock key: `{}` has no parameter `{name}`; {hint}{}",
+            placeholder.text,
+            params.fn_name,
+            params.describe()
+        ),
+    ))
 }
 
 fn pattern_bound(text: &str, name: &Ident, typed: &syn::PatType, span: Span) -> syn::Error {
@@ -598,53 +637,10 @@ fn has_impl_trait(ty: &Type) -> bool {
     find.0
 }
 
-/// The candidate closest to `name`, if it is close enough to be a typo.
-pub(crate) fn closest<'a>(
-    name: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
-    let limit = match name.chars().count() {
-        0..=2 => 1,
-        3..=5 => 2,
-        _ => 3,
-    };
-    candidates
-        .into_iter()
-        .map(|candidate| (edit_distance(name, candidate), candidate))
-        .filter(|(distance, _)| *distance <= limit)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, candidate)| candidate)
-}
-
-/// Levenshtein distance.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
-        }
-    }
-    row[b.len()]
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn typos_find_the_intended_name() {
-        assert_eq!(closest("tll", ["key", "ttl", "wait"]), Some("ttl"));
-        assert_eq!(closest("ordr_id", ["order_id", "amount"]), Some("order_id"));
-        assert_eq!(closest("zzz", ["key", "ttl"]), None);
-    }
 
     #[test]
     fn paths_through_patterns() {

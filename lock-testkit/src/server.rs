@@ -575,22 +575,10 @@ impl RedisServer {
         }
     }
 
-    /// Spawns the server on `self.port` and waits until it is ready.
-    fn launch(&self) -> Result<Child, Launch> {
+    /// The redis-server command line: a throwaway server on `self.port`
+    /// that keeps nothing on disk, with the options of the builder.
+    fn command(&self, log_path: &Path, stderr: File) -> Command {
         let dir = self.dir.path();
-        let log_path = dir.join(LOG_FILE);
-        let log_start = fs::metadata(&log_path).map_or(0, |m| m.len());
-        let stderr = File::options()
-            .create(true)
-            .append(true)
-            .open(dir.join(STDERR_FILE))
-            .map_err(|e| {
-                Launch::Failed(TestkitError::with_source(
-                    "could not create the server's stderr file",
-                    e,
-                ))
-            })?;
-
         let mut command = Command::new(&self.binary);
         command
             .arg("--port")
@@ -599,7 +587,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(dir)
             .arg("--logfile")
-            .arg(&log_path)
+            .arg(log_path)
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .args(["--daemonize", "no"])
@@ -633,6 +621,26 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
+        command
+    }
+
+    /// Spawns the server on `self.port` and waits until it is ready.
+    fn launch(&self) -> Result<Child, Launch> {
+        let dir = self.dir.path();
+        let log_path = dir.join(LOG_FILE);
+        let log_start = fs::metadata(&log_path).map_or(0, |m| m.len());
+        let stderr = File::options()
+            .create(true)
+            .append(true)
+            .open(dir.join(STDERR_FILE))
+            .map_err(|e| {
+                Launch::Failed(TestkitError::with_source(
+                    "could not create the server's stderr file",
+                    e,
+                ))
+            })?;
+
+        let mut command = self.command(&log_path, stderr);
         let mut child = command.spawn().map_err(|e| {
             Launch::Failed(TestkitError::with_source(
                 format!("could not spawn {}", self.binary.display()),

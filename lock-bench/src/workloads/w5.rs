@@ -16,7 +16,7 @@ use crate::report::{Row, WorkloadResult};
 use crate::servers::{Monitor, connect, info};
 use crate::sysinfo::{cpu_time, rss_bytes};
 use futures::StreamExt;
-use lock_core::{LockGuard, LockOptions};
+use lock_core::{LockClient, LockGuard, LockOptions};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -69,29 +69,12 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
     }
     let rss_before = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
 
-    let taking = Instant::now();
-    let results: Vec<_> = futures::stream::iter(0..ctx.w5_locks)
-        .map(|i| {
-            let client = client.clone();
-            let options = options.clone();
-            async move { client.lock_with(&format!("w5:{i}"), options).await }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .collect()
-        .await;
-    let took = taking.elapsed();
-    let mut failed = 0u64;
-    let mut first_error = None;
-    let mut guards: Vec<LockGuard> = Vec::with_capacity(results.len());
-    for result in results {
-        match result {
-            Ok(guard) => guards.push(guard),
-            Err(e) => {
-                failed += 1;
-                first_error.get_or_insert_with(|| e.to_string());
-            }
-        }
-    }
+    let Taken {
+        guards,
+        failed,
+        first_error,
+        took,
+    } = take(&client, &options, ctx.w5_locks).await;
     let rss_held = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
 
     let reads_before = reads_processed(&mut admin).await?;
@@ -154,6 +137,47 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
         first_error.map_or(String::new(), |e| format!("; first error: {e}"))
     );
     Ok(row)
+}
+
+/// What taking W5's locks gave.
+struct Taken {
+    guards: Vec<LockGuard>,
+    /// Acquisitions that failed, and the first one's error.
+    failed: u64,
+    first_error: Option<String>,
+    /// How long taking them all took.
+    took: Duration,
+}
+
+/// Takes `locks` locks, [`IN_FLIGHT`] at a time.
+async fn take(client: &LockClient, options: &LockOptions, locks: usize) -> Taken {
+    let taking = Instant::now();
+    let results: Vec<_> = futures::stream::iter(0..locks)
+        .map(|i| {
+            let client = client.clone();
+            let options = options.clone();
+            async move { client.lock_with(&format!("w5:{i}"), options).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let took = taking.elapsed();
+    let mut taken = Taken {
+        guards: Vec::with_capacity(results.len()),
+        failed: 0,
+        first_error: None,
+        took,
+    };
+    for result in results {
+        match result {
+            Ok(guard) => taken.guards.push(guard),
+            Err(e) => {
+                taken.failed += 1;
+                taken.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    taken
 }
 
 /// `total_reads_processed` of `INFO stats`: socket reads, about one per
