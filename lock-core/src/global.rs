@@ -1,7 +1,7 @@
 //! The process-wide client, set once at startup.
 
-use crate::client::LockClient;
 use crate::error::{ErrorKind, LockError};
+use crate::state::LockClient;
 use std::fmt;
 use std::sync::OnceLock;
 

@@ -1,207 +1,22 @@
 //! [`LockGuard`]: proof of ownership, the loss signal, release and `Drop`.
 
-use crate::client::{ClientInner, MIN_TTL, spawn_release};
 use crate::error::LockError;
-use crate::heartbeat::{Enrolment, Heartbeat};
-use crate::line::{HandedLease, LetGo, Owner, Turn, YIELD};
+use crate::heartbeat::Enrolment;
+use crate::lease::{Lease, MAX_DURATION, MIN_TTL, renewal_due};
 use crate::observe;
-use crate::token::Token;
+use crate::queue::{Front, HandedLease, Next, Owner, Taken, YIELD};
+use crate::state::{ClientInner, spawn_release};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The clock drift allowed for a lease of `ttl`: 1 % plus 2 ms, as in the
-/// Redlock reference. The local validity deadline ends this much before the
-/// server's expiry.
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-/// How long a holder keeps a lock at least and at most (`min_hold`,
-/// `max_hold`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Holds {
-    pub(crate) min: Option<Duration>,
-    pub(crate) max: Option<Duration>,
-}
-
-impl Holds {
-    pub(crate) fn check(&self, ttl: Duration) -> Result<(), LockError> {
-        if let Some(max) = self.max
-            && max < ttl
-        {
-            return Err(LockError::config(format!(
-                "max_hold {max:?} is shorter than the ttl {ttl:?}"
-            )));
-        }
-        if let (Some(min), Some(max)) = (self.min, self.max)
-            && min > max
-        {
-            return Err(LockError::config(format!(
-                "min_hold {min:?} is longer than max_hold {max:?}"
-            )));
-        }
-        for (what, hold) in [("min_hold", self.min), ("max_hold", self.max)] {
-            if hold.is_some_and(|h| h > crate::client::MAX_DURATION) {
-                return Err(LockError::config(format!(
-                    "{what} is longer than 24h; check the unit"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What a held lock knows about itself; shared by the guard and its
-/// heartbeat.
-pub(crate) struct Lease {
-    /// The Redis key: the prefix, then the caller's key in braces. Shared
-    /// with the process's line for the key (one allocation per lock).
-    pub(crate) storage_key: Arc<str>,
-    /// Where the caller's key starts in `storage_key`.
-    key_at: usize,
-    pub(crate) token: Token,
-    pub(crate) fence: Option<u64>,
-    ttl_ms: AtomicU64,
-    /// Until when we may trust that we own the lock: the start of the last
-    /// successful acquire or renew, plus ttl, minus drift. Monotonic clock.
-    valid_until: Mutex<Instant>,
-    lost: AtomicBool,
-    lost_notify: Notify,
-    /// When this holder got the lock (for the hold time).
-    pub(crate) acquired: Instant,
-    /// `min_hold`: a release before this only shortens the lease to it.
-    min_until: Option<Instant>,
-    /// `max_hold`: the lease is never trusted past this.
-    max_until: Option<Instant>,
-    /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
-    /// never land after a newer one and shorten the lease behind our back:
-    /// one permit, inside the lease (no allocation of its own); the
-    /// heartbeat takes it with `try_acquire` and holds it through a round.
-    pub(crate) renewing: tokio::sync::Semaphore,
-}
-
-impl Lease {
-    pub(crate) fn new(
-        storage_key: Arc<str>,
-        key_at: usize,
-        token: Token,
-        fence: Option<u64>,
-        ttl: Duration,
-        valid_until: Instant,
-        holds: Holds,
-    ) -> Lease {
-        let acquired = Instant::now();
-        let max_until = holds.max.map(|max| acquired + max);
-        let valid_until = max_until.map_or(valid_until, |max| valid_until.min(max));
-        Lease {
-            storage_key,
-            key_at,
-            token,
-            fence,
-            ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
-            valid_until: Mutex::new(valid_until),
-            lost: AtomicBool::new(false),
-            lost_notify: Notify::new(),
-            acquired,
-            min_until: holds.min.map(|min| acquired + min),
-            max_until,
-            renewing: tokio::sync::Semaphore::new(1),
-        }
-    }
-
-    /// The key as the caller named it (inside the braces of the storage key).
-    pub(crate) fn key(&self) -> &str {
-        let end = self.storage_key.len().saturating_sub(1);
-        self.storage_key.get(self.key_at..end).unwrap_or_default()
-    }
-
-    pub(crate) fn ttl(&self) -> Duration {
-        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
-    }
-
-    pub(crate) fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records a successful renewal sent at `sent` for `ttl`.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        self.ttl_ms.store(
-            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Release,
-        );
-        let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
-        let end = validity_end(sent, ttl);
-        *until = self.max_until.map_or(end, |max| end.min(max));
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.load(Ordering::Acquire) {
-            return true;
-        }
-        if Instant::now() >= self.valid_until() {
-            self.mark_lost(self.deadline_reason());
-            return true;
-        }
-        false
-    }
-
-    /// Why a lease whose validity deadline passed is lost.
-    pub(crate) fn deadline_reason(&self) -> &'static str {
-        if self.max_until.is_some_and(|max| Instant::now() >= max) {
-            "max_hold reached"
-        } else {
-            "the validity deadline passed without a successful renewal"
-        }
-    }
-
-    /// How long a release must keep the lease still (`min_hold`), if at all.
-    pub(crate) fn keep_for(&self) -> Option<Duration> {
-        let left = self.min_until?.saturating_duration_since(Instant::now());
-        (left >= crate::client::MIN_TTL.min(Duration::from_millis(1))).then_some(left)
-    }
-
-    /// The lock is lost while held, for `reason`: signalled once, and
-    /// logged.
-    pub(crate) fn mark_lost(&self, reason: &'static str) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            observe::lost(self.key(), reason);
-            self.lost_notify.notify_waiters();
-        }
-    }
-
-    /// The guard let go: nothing is held any more, nothing went wrong.
-    pub(crate) fn retire(&self) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            self.lost_notify.notify_waiters();
-        }
-    }
-
-    pub(crate) async fn lost(&self) {
-        loop {
-            let notified = self.lost_notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_lost() {
-                return;
-            }
-            // Wake at the validity deadline too: a lease that is not renewed
-            // (renewal off, or the heartbeat's runtime gone) is lost then.
-            tokio::select! {
-                () = notified => {}
-                () = tokio::time::sleep_until(self.valid_until()) => {}
-            }
-        }
-    }
-}
-
-/// Until when a lease of `ttl` acquired or renewed by a command sent at
-/// `sent` may be trusted.
-pub(crate) fn validity_end(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(drift(ttl))
+/// Whether the heartbeat renews a new guard's lease, and when first.
+pub(crate) enum Renewal {
+    /// Renewed from this moment on.
+    From(Instant),
+    /// Not renewed: the lease expires after its ttl.
+    Off,
 }
 
 /// A held lock.
@@ -223,29 +38,32 @@ pub struct LockGuard {
     heartbeat: Option<Enrolment>,
     stage: Stage,
     /// Until it lets go, the guard is first in its process's line for the
-    /// key (`line.rs`) and must pass the turn on, whatever happens.
-    holds_line: bool,
+    /// key (`queue.rs`) and must pass the turn on, whatever happens.
+    first_in_queue: bool,
     owner: Owner,
 }
 
 impl LockGuard {
+    /// The guard of `lease`, first in its key's queue from `front` on.
     pub(crate) fn new(
         client: Arc<ClientInner>,
         lease: Lease,
-        renew_at: Instant,
-        renew: bool,
-        turn: Turn<'_>,
-        from_redis: bool,
+        renewal: Renewal,
+        front: Front<'_>,
+        taken: Taken,
     ) -> LockGuard {
         let lease = Arc::new(lease);
-        let owner = turn.keep(&lease, from_redis);
-        let heartbeat = renew.then(|| Heartbeat::join(&client, lease.clone(), renew_at));
+        let owner = front.keep(&lease, taken);
+        let heartbeat = match renewal {
+            Renewal::From(due) => Some(client.heartbeat.join(&client.backend, lease.clone(), due)),
+            Renewal::Off => None,
+        };
         LockGuard {
             client,
             lease,
             heartbeat,
             stage: Stage::Held,
-            holds_line: true,
+            first_in_queue: true,
             owner,
         }
     }
@@ -308,7 +126,7 @@ impl LockGuard {
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when Redis did not answer in time (the
     /// lease is unchanged, and the heartbeat keeps trying).
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        if ttl < MIN_TTL || ttl > crate::client::MAX_DURATION {
+        if ttl < MIN_TTL || ttl > MAX_DURATION {
             return Err(LockError::config(format!(
                 "ttl {ttl:?} is out of range ({MIN_TTL:?} to 24h)"
             ))
@@ -337,7 +155,9 @@ impl LockGuard {
                 // after an extension to a shorter ttl, the old schedule
                 // would come too late.
                 if let Some(enrolment) = self.heartbeat {
-                    self.client.heartbeat.reschedule(enrolment, sent + ttl / 3);
+                    self.client
+                        .heartbeat
+                        .reschedule(enrolment, renewal_due(sent, ttl));
                 }
                 Ok(())
             }
@@ -362,18 +182,18 @@ impl LockGuard {
         let spent = match keep_for {
             // A lease kept for its min_hold is shortened, never handed on.
             Some(_) => false,
-            None => match self.let_go() {
-                LetGo::HandedOff => {
+            None => match self.hand_off() {
+                Next::HandedOver => {
                     self.stage = Stage::Done;
-                    self.holds_line = false;
+                    self.first_in_queue = false;
                     observe::released(self.key(), lease.acquired, true);
                     return Ok(true);
                 }
-                LetGo::Ended => {
-                    self.holds_line = false;
+                Next::NotFirst => {
+                    self.first_in_queue = false;
                     false
                 }
-                LetGo::Release { spent } => spent,
+                Next::Release { spent } => spent,
             },
         };
         // Should this future be dropped from here on, `Drop` sends the
@@ -403,13 +223,13 @@ impl LockGuard {
         }
         // After the release: the next task of this process finds the key
         // free in Redis (unless another process was quicker).
-        self.pass_line(spent);
+        self.leave_queue(spent);
         result.map_err(|e| e.with_key(self.key()))
     }
 
     /// Hands the lease to the next task of this process, if any waits and
     /// the budget allows.
-    fn let_go(&self) -> LetGo {
+    fn hand_off(&self) -> Next {
         let lease = &self.lease;
         // A lease kept for its min_hold is not handed on: the point is that
         // nobody runs the same work again before it is over.
@@ -421,16 +241,16 @@ impl LockGuard {
             })
         };
         self.client
-            .lines
-            .let_go(&lease.storage_key, self.owner, handed, self.client.handoff)
+            .queues
+            .hand_off(&lease.storage_key, self.owner, handed, self.client.handoff)
     }
 
-    fn pass_line(&mut self, spent: bool) {
-        if std::mem::take(&mut self.holds_line) {
+    fn leave_queue(&mut self, spent: bool) {
+        if std::mem::take(&mut self.first_in_queue) {
             let after = if spent { YIELD } else { Duration::ZERO };
             self.client
-                .lines
-                .pass(&self.lease.storage_key, self.owner, after);
+                .queues
+                .pass_front(&self.lease.storage_key, self.owner, after);
         }
     }
 
@@ -445,7 +265,7 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_heartbeat();
         let spent = match std::mem::replace(&mut self.stage, Stage::Done) {
-            Stage::Held => self.let_go_in_background(),
+            Stage::Held => self.hand_off_in_background(),
             // `release` was dropped before its answer came: the command may
             // never have been sent.
             Stage::Releasing { spent } => {
@@ -454,25 +274,25 @@ impl Drop for LockGuard {
             }
             Stage::Done => false,
         };
-        self.pass_line(spent);
+        self.leave_queue(spent);
     }
 }
 
 impl LockGuard {
     /// The guard dropped while held: hands the lease on or releases it in
     /// the background. Returns whether a hand-off budget ran out.
-    fn let_go_in_background(&mut self) -> bool {
+    fn hand_off_in_background(&mut self) -> bool {
         let owned = !self.lease.is_lost();
-        let (release, spent) = match self.let_go() {
-            LetGo::HandedOff => {
-                self.holds_line = false;
+        let (release, spent) = match self.hand_off() {
+            Next::HandedOver => {
+                self.first_in_queue = false;
                 (false, false)
             }
-            LetGo::Ended => {
-                self.holds_line = false;
+            Next::NotFirst => {
+                self.first_in_queue = false;
                 (true, false)
             }
-            LetGo::Release { spent } => (true, spent),
+            Next::Release { spent } => (true, spent),
         };
         if release {
             self.release_in_background();

@@ -5,7 +5,7 @@
 //! successful renewal. When the task wakes it also takes every lease due
 //! within the next quarter of its ttl, so leases acquired at different moments
 //! drift into shared rounds, and sends each round as one script call per
-//! server carrying up to [`BATCH`] keys: ten thousand held locks with a 3 s
+//! server carrying up to [`BATCH`](crate::backend::BATCH) keys: ten thousand held locks with a 3 s
 //! ttl cost a handful of calls a second, not ten thousand.
 //!
 //! - A renewal that answers "not ours" marks the lease lost at once.
@@ -20,25 +20,24 @@
 //! from another runtime are still held, their leases are not renewed and are
 //! reported lost at their validity deadline; the next guard starts a new task.
 
-use crate::client::ClientInner;
-use crate::guard::Lease;
+use crate::backend::{Backend, Renewable, Renewal};
+use crate::lease::{Lease, renewal_due};
+use crate::token::Token;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The most keys renewed by one script call.
-pub(crate) const BATCH: usize = 256;
-
 /// How long the task waits for new leases before it ends.
 const IDLE: Duration = Duration::from_secs(2);
 
 /// The renewal schedule of one client.
-#[derive(Default)]
 pub(crate) struct Heartbeat {
     state: Mutex<Schedule>,
     wake: Notify,
+    /// The bound on each round's call.
+    op_timeout: Duration,
 }
 
 #[derive(Default)]
@@ -151,6 +150,14 @@ impl Slots {
 }
 
 impl Heartbeat {
+    pub(crate) fn new(op_timeout: Duration) -> Heartbeat {
+        Heartbeat {
+            state: Mutex::default(),
+            wake: Notify::new(),
+            op_timeout,
+        }
+    }
+
     /// How many leases are being renewed.
     pub(crate) fn len(&self) -> usize {
         self.lock().leases.len()
@@ -161,8 +168,13 @@ impl Heartbeat {
     }
 
     /// Starts renewing `lease` from `due` on, and the task if none runs.
-    pub(crate) fn join(client: &Arc<ClientInner>, lease: Arc<Lease>, due: Instant) -> Enrolment {
-        let heartbeat = &client.heartbeat;
+    pub(crate) fn join(
+        self: &Arc<Heartbeat>,
+        backend: &Arc<Backend>,
+        lease: Arc<Lease>,
+        due: Instant,
+    ) -> Enrolment {
+        let heartbeat = self;
         let (id, start, wake) = {
             let mut schedule = heartbeat.lock();
             let id = schedule.leases.insert(Entry {
@@ -187,10 +199,10 @@ impl Heartbeat {
         };
         if let Some(flag) = start {
             let running = Running(flag);
-            let weak = Arc::downgrade(client);
+            let (heartbeat, backend) = (Arc::downgrade(self), Arc::downgrade(backend));
             tokio::spawn(async move {
                 let _running = running;
-                run(weak).await;
+                run(heartbeat, backend).await;
             });
         } else if wake {
             heartbeat.wake.notify_one();
@@ -232,10 +244,10 @@ impl Drop for Running {
 
 /// One lease taken into a round, holding the lease's renewal permit (which
 /// keeps `extend` out while it is in flight) until dropped.
-pub(crate) struct Due {
+struct Due {
     id: Enrolment,
-    pub(crate) lease: Arc<Lease>,
-    pub(crate) ttl: Duration,
+    lease: Arc<Lease>,
+    ttl: Duration,
 }
 
 impl Due {
@@ -250,25 +262,45 @@ impl Due {
     }
 }
 
+impl Renewable for Due {
+    fn storage_key(&self) -> &str {
+        &self.lease.storage_key
+    }
+
+    fn token(&self) -> &Token {
+        &self.lease.token
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn name(&self) -> &str {
+        self.lease.key()
+    }
+}
+
 impl Drop for Due {
     fn drop(&mut self) {
         self.lease.renewing.add_permits(1);
     }
 }
 
-async fn run(client: Weak<ClientInner>) {
+/// The task: renews rounds of leases until it is idle, or its client is
+/// gone.
+async fn run(heartbeat: Weak<Heartbeat>, backend: Weak<Backend>) {
     loop {
-        let Some(inner) = client.upgrade() else {
+        let (Some(heartbeat), Some(backend)) = (heartbeat.upgrade(), backend.upgrade()) else {
             return;
         };
-        let (round, alarm) = take_round(&inner.heartbeat);
+        let (round, alarm) = take_round(&heartbeat);
         if round.is_empty() {
             let woken = tokio::select! {
-                () = inner.heartbeat.wake.notified() => true,
+                () = heartbeat.wake.notified() => true,
                 () = tokio::time::sleep_until(alarm) => false,
             };
             if !woken {
-                let mut schedule = inner.heartbeat.lock();
+                let mut schedule = heartbeat.lock();
                 if schedule.leases.is_empty() {
                     // Idle: end. Decided under the lock, so a lease that
                     // joins now starts a new task.
@@ -279,7 +311,7 @@ async fn run(client: Weak<ClientInner>) {
             }
             continue;
         }
-        renew_round(&inner, round).await;
+        renew_round(&heartbeat, &backend, round).await;
     }
 }
 
@@ -336,14 +368,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     (round, next.unwrap_or(now + IDLE))
 }
 
-/// What a round trip said about one lease.
-pub(crate) enum Renewal {
-    Renewed,
-    NotOurs,
-    Failed,
-}
-
-async fn renew_round(inner: &ClientInner, round: Vec<Due>) {
+async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) {
     let sent = Instant::now();
     // Never wait on Redis past the first deadline in the round.
     let first_deadline = round
@@ -351,19 +376,19 @@ async fn renew_round(inner: &ClientInner, round: Vec<Due>) {
         .map(|due| due.lease.valid_until())
         .min()
         .unwrap_or(sent);
-    let limit = inner
+    let limit = heartbeat
         .op_timeout
         .min(first_deadline.saturating_duration_since(sent))
         .max(Duration::from_millis(1));
-    let answers = inner.backend.renew_many(&round, limit).await;
+    let answers = backend.renew_many(&round, limit).await;
     let now = Instant::now();
-    let mut schedule = inner.heartbeat.lock();
+    let mut schedule = heartbeat.lock();
     for (due, answer) in round.iter().zip(answers) {
         let lease = &due.lease;
         let keep = match answer {
             Renewal::Renewed => {
                 lease.renewed(sent, due.ttl);
-                Some(sent + due.ttl / 3)
+                Some(renewal_due(sent, due.ttl))
             }
             Renewal::NotOurs => {
                 lease.mark_lost("a renewal found the lock taken over or expired");

@@ -71,17 +71,23 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// From the bottom layer up: a module uses only those above it in this list.
+mod acquire;
 mod backend;
 mod backoff;
+mod builder;
 mod client;
 mod current;
 mod error;
 mod global;
 mod guard;
 mod heartbeat;
-mod line;
+mod lease;
 mod observe;
+mod options;
+mod queue;
 mod scripts;
+mod state;
 mod token;
 
 #[doc(hidden)]
@@ -93,12 +99,15 @@ mod private;
 
 pub use backend::MemoryStore;
 pub use backoff::Backoff;
-pub use client::{LockClient, LockClientBuilder, LockOptions, MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
+pub use builder::LockClientBuilder;
 pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, NodeError, QuorumFailure, TimedOut};
 pub use global::{SetGlobalClientError, global_client, set_global_client};
 pub use guard::LockGuard;
-pub use line::HandoffBudget;
+pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
+pub use options::LockOptions;
+pub use queue::HandoffBudget;
+pub use state::LockClient;
 
 /// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]

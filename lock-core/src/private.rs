@@ -1,9 +1,10 @@
 //! What `#[distributed_lock]` expands to. **Not a stable API**: only the
 //! code the attribute generates may call it, and it changes without notice.
 
-use crate::client::{LockClient, LockOptions};
 use crate::error::LockError;
 use crate::global::global_client;
+use crate::options::LockOptions;
+use crate::state::LockClient;
 use futures::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

@@ -1,8 +1,7 @@
 //! The lock commands on one server.
 
-use super::{Attempt, ClusterNode, LockKeys, MinReplicas, Node};
+use super::{Attempt, BATCH, ClusterNode, LockKeys, MinReplicas, Node, Renewable};
 use crate::error::{ErrorKind, LockError};
-use crate::heartbeat::{BATCH, Due};
 use crate::scripts::{self, Eval};
 use crate::token::{TOKEN_BYTES, Token};
 use futures::future::join_all;
@@ -167,19 +166,19 @@ macro_rules! lock_commands {
 
             /// [`renew`](Self::renew) for many leases in one script call each
             /// [`BATCH`] of them; the answers in order.
-            pub(crate) async fn renew_many(
+            pub(crate) async fn renew_many<R: Renewable>(
                 &self,
-                due: &[Due],
+                due: &[R],
                 limit: Duration,
             ) -> Result<Vec<bool>, LockError> {
                 let calls = due.chunks(BATCH).map(|chunk| {
                     self.call(limit, true, move |mut conn| {
                         let mut inv = Eval::new(&scripts::RENEW_MANY, chunk.len());
                         for d in chunk {
-                            inv.key(&*d.lease.storage_key);
+                            inv.key(d.storage_key());
                         }
                         for d in chunk {
-                            inv.arg(&d.lease.token).arg(ttl_millis(d.ttl));
+                            inv.arg(d.token()).arg(ttl_millis(d.ttl()));
                         }
                         async move { inv.invoke::<Vec<i64>>(&mut conn).await }
                     })

@@ -7,8 +7,7 @@
 //! see leases expire exactly when the clock is advanced.
 
 use super::wakeup::Channels;
-use super::{Attempt, LockKeys};
-use crate::heartbeat::{Due, Renewal};
+use super::{Attempt, LockKeys, Renewable, Renewal};
 use crate::token::Token;
 use std::collections::HashMap;
 use std::fmt;
@@ -160,10 +159,10 @@ impl MemoryStore {
         }
     }
 
-    pub(crate) fn renew_many(&self, due: &[Due]) -> Vec<Renewal> {
+    pub(crate) fn renew_many<R: Renewable>(&self, due: &[R]) -> Vec<Renewal> {
         due.iter()
             .map(|d| {
-                if self.renew(&d.lease.storage_key, &d.lease.token, d.ttl) {
+                if self.renew(d.storage_key(), d.token(), d.ttl()) {
                     Renewal::Renewed
                 } else {
                     Renewal::NotOurs

@@ -17,11 +17,32 @@ pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
-use crate::heartbeat::{Due, Renewal};
 use crate::observe;
 use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
+
+/// The most keys renewed by one script call.
+pub(crate) const BATCH: usize = 256;
+
+/// One lease in a round of renewals, as the servers need it.
+pub(crate) trait Renewable: Sync {
+    /// The Redis key.
+    fn storage_key(&self) -> &str;
+    fn token(&self) -> &Token;
+    /// The ttl to renew it for.
+    fn ttl(&self) -> Duration;
+    /// The lock's name as its holder gave it, for messages.
+    fn name(&self) -> &str;
+}
+
+/// What a round of renewals said about one lease.
+pub(crate) enum Renewal {
+    Renewed,
+    NotOurs,
+    /// No answer, or not enough of them: nobody can tell.
+    Failed,
+}
 
 /// The answer to one acquisition attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +86,7 @@ impl Backend {
         }
     }
 
-    /// Takes over a lease handed off in-process (see `line.rs`). `Ok(None)`:
+    /// Takes over a lease handed off in-process (see `queue.rs`). `Ok(None)`:
     /// not ours any more, or (Redlock with fencing, which needs the full
     /// acquisition) not possible: the caller releases and acquires afresh.
     pub(crate) async fn take_over(
@@ -126,7 +147,11 @@ impl Backend {
     }
 
     /// Renews a round of leases; one answer per lease, in order.
-    pub(crate) async fn renew_many(&self, due: &[Due], limit: Duration) -> Vec<Renewal> {
+    pub(crate) async fn renew_many<R: Renewable>(
+        &self,
+        due: &[R],
+        limit: Duration,
+    ) -> Vec<Renewal> {
         match self {
             Backend::Single(node) => match node.renew_many(due, limit).await {
                 Ok(renewed) => renewed
@@ -141,7 +166,7 @@ impl Backend {
                     .collect(),
                 Err(e) => {
                     if let Some(first) = due.first() {
-                        observe::renewal_failed(first.lease.key(), due.len(), &e);
+                        observe::renewal_failed(first.name(), due.len(), &e);
                     }
                     due.iter().map(|_| Renewal::Failed).collect()
                 }
@@ -151,7 +176,7 @@ impl Backend {
             Backend::Cluster(node) => {
                 let calls = due
                     .iter()
-                    .map(|d| node.renew(&d.lease.storage_key, &d.lease.token, d.ttl, limit));
+                    .map(|d| node.renew(d.storage_key(), d.token(), d.ttl(), limit));
                 let mut failed = None;
                 let answers: Vec<Renewal> = join_all(calls)
                     .await
@@ -167,7 +192,7 @@ impl Backend {
                     })
                     .collect();
                 if let Some((first, e, count)) = failed {
-                    observe::renewal_failed(first.lease.key(), count, &e);
+                    observe::renewal_failed(first.name(), count, &e);
                 }
                 answers
             }

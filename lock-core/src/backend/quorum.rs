@@ -53,10 +53,9 @@
 //! restarts empty resets its counter, and the argument above no longer holds
 //! for quorums that meet only on it.
 
-use super::{Attempt, LockKeys, Node};
+use super::{Attempt, LockKeys, Node, Renewable, Renewal};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
-use crate::guard::drift;
-use crate::heartbeat::{Due, Renewal};
+use crate::lease::drift;
 use crate::observe;
 use crate::token::Token;
 use futures::future::join_all;
@@ -304,8 +303,12 @@ impl Quorum {
     /// Renews a round of leases on every server; a lease is renewed when a
     /// majority renewed it, certainly lost when more than `N - majority`
     /// servers say it is not ours, and otherwise undecided (`Failed`).
-    pub(crate) async fn renew_many(&self, due: &[Due], limit: Duration) -> Vec<Renewal> {
-        let ttl = due.iter().map(|d| d.ttl).min().unwrap_or(limit);
+    pub(crate) async fn renew_many<R: Renewable>(
+        &self,
+        due: &[R],
+        limit: Duration,
+    ) -> Vec<Renewal> {
+        let ttl = due.iter().map(Renewable::ttl).min().unwrap_or(limit);
         let per_node = self.node_timeout(ttl, limit);
         let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
         let needed = self.majority();
@@ -314,7 +317,7 @@ impl Quorum {
         if failed > most_not_ours
             && let (Some(first), Some(Err(e))) = (due.first(), answers.iter().find(|a| a.is_err()))
         {
-            observe::renewal_failed(first.lease.key(), due.len(), e);
+            observe::renewal_failed(first.name(), due.len(), e);
         }
         (0..due.len())
             .map(|i| {

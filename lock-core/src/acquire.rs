@@ -1,0 +1,504 @@
+//! The acquisition of a lock, in named steps: join this process's wait
+//! queue for the key; take over a lease handed over by the task ahead; or
+//! contend for the key in Redis, woken by release messages, until the wait
+//! runs out.
+
+use crate::backend::{Attempt, LockKeys, Subscription};
+use crate::error::{ErrorKind, LockError};
+use crate::guard::{LockGuard, Renewal};
+use crate::lease::{HoldLimits, Lease, MIN_TTL, check_duration, renewal_due, validity_end};
+use crate::observe;
+use crate::options::LockOptions;
+use crate::queue::{Front, HandedLease, Handoff, Next, Owner, Position, Taken, YIELD};
+use crate::state::{ClientInner, LockClient, spawn_release};
+use crate::token::Token;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+impl LockClient {
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        options: LockOptions,
+        attempts: &AtomicU32,
+    ) -> Result<LockGuard, LockError> {
+        let request = self.request(key, &options)?;
+        let inner = &self.inner;
+        let (owner, handoff) = self.join_queue(&request).await?;
+        let front = Front::new(&inner.queues, &request.storage_key, owner);
+        let front = match handoff {
+            Some(Handoff::Lease(handed, _)) => {
+                match self.take_over(&request, handed, front).await {
+                    Ok(guard) => return Ok(guard),
+                    Err(front) => front,
+                }
+            }
+            Some(Handoff::Free { after, .. }) if after > Duration::ZERO => {
+                tokio::time::sleep_until(request.deadline.min(Instant::now() + after)).await;
+                front
+            }
+            _ => front,
+        };
+        self.contend(&request, front, attempts).await
+    }
+
+    /// Checks `options` and works out what an acquisition of `key` needs.
+    fn request<'k>(&self, key: &'k str, options: &LockOptions) -> Result<Request<'k>, LockError> {
+        let inner = &self.inner;
+        let ttl = options.ttl;
+        check_duration("ttl", ttl, MIN_TTL).map_err(|e| e.with_key(key))?;
+        let wait = options.wait.unwrap_or(inner.default_wait);
+        check_duration("wait", wait, Duration::ZERO).map_err(|e| e.with_key(key))?;
+        options.holds.check(ttl).map_err(|e| e.with_key(key))?;
+        let storage_key = inner.shared_storage_key(key)?;
+        let fence_key = options.fencing.then(|| fence_key(&storage_key));
+        let started = Instant::now();
+        let deadline = started + wait;
+        Ok(Request {
+            key,
+            key_start: inner.prefix.len() + 1,
+            storage_key,
+            fence_key,
+            ttl,
+            renew: options.renew,
+            holds: options.holds,
+            started,
+            deadline,
+            end: deadline + inner.backend.call_bound(ttl, inner.op_timeout),
+        })
+    }
+
+    /// Joins this process's wait queue for the key: returns once this task
+    /// is first, with what was handed over to it, if anything.
+    async fn join_queue(
+        &self,
+        request: &Request<'_>,
+    ) -> Result<(Owner, Option<Handoff>), LockError> {
+        let inner = &self.inner;
+        let wait = request.deadline > request.started;
+        loop {
+            let position = inner
+                .queues
+                .join(&request.storage_key, wait)
+                .ok_or_else(|| request.contended())?;
+            let (handoff, holder, ahead) = match position {
+                Position::Front(owner) => return Ok((owner, None)),
+                Position::Behind {
+                    handoff,
+                    holder,
+                    ahead,
+                } => (handoff, holder, ahead),
+            };
+            let waiter = Waiter {
+                inner,
+                key: &request.storage_key,
+                handoff,
+            };
+            match waiter.wait(holder, ahead, request.deadline).await {
+                Waited::TimedOut => return Err(request.contended()),
+                Waited::Front(owner, handoff) => return Ok((owner, handoff)),
+                Waited::Again => continue,
+            }
+        }
+    }
+
+    /// Takes over a lease the task ahead handed to this one. `Err(front)`:
+    /// it could not be taken over (expired, lost, or not transferable) and
+    /// was let go; acquire the key afresh.
+    async fn take_over<'a>(
+        &self,
+        request: &Request<'_>,
+        handed: HandedLease,
+        front: Front<'a>,
+    ) -> Result<LockGuard, Front<'a>> {
+        let inner = &self.inner;
+        let ttl = request.ttl;
+        let now = Instant::now();
+        if request.renew && request.fence_key.is_none() && now + MIN_TTL < handed.valid_until {
+            // Nothing to change in Redis now: the lease stays as it is, and
+            // the heartbeat sets it to our ttl when it is due (at once if
+            // our ttl is the longer).
+            let renew_at = handed
+                .valid_until
+                .checked_sub(ttl)
+                .map_or(now, |start| renewal_due(start, ttl))
+                .max(now);
+            let lease = request.lease(handed.token, None, handed.valid_until);
+            return Ok(LockGuard::new(
+                inner.clone(),
+                lease,
+                Renewal::From(renew_at),
+                front,
+                Taken::HandedOver,
+            ));
+        }
+        let sent = Instant::now();
+        if sent >= handed.valid_until {
+            spawn_release(
+                inner.clone(),
+                request.storage_key.clone(),
+                handed.token,
+                None,
+            );
+            return Err(front);
+        }
+        // Until the answer is in, the lease is this task's to let go: if the
+        // call is cancelled, it is released in the background.
+        let held = MayHold::new(inner, &request.storage_key, handed.token);
+        let limit = request.limit(inner.op_timeout);
+        let taken = inner
+            .backend
+            .take_over(request.keys(), held.token(), ttl, limit)
+            .await;
+        let Ok(Some(Attempt::Granted { fence })) = taken else {
+            return Err(front);
+        };
+        Ok(request.guard(inner, held.keep(), fence, sent, front, Taken::HandedOver))
+    }
+
+    /// Acquires the key in Redis, first in this process's queue: one
+    /// attempt, then, while the key is held elsewhere, more attempts woken
+    /// by its release message or the backoff timer, until the wait runs out.
+    async fn contend(
+        &self,
+        request: &Request<'_>,
+        front: Front<'_>,
+        attempts: &AtomicU32,
+    ) -> Result<LockGuard, LockError> {
+        let inner = &self.inner;
+        let mut attempt: u32 = 0;
+        let mut subscription: Option<Subscription> = None;
+        let mut subscribe = false;
+        let mut listening = false;
+        loop {
+            if std::mem::take(&mut subscribe) {
+                let limit = inner
+                    .op_timeout
+                    .min(request.deadline.saturating_duration_since(Instant::now()));
+                subscription = inner.wakeups.subscribe(&request.storage_key, limit).await;
+            }
+            // Listen before asking, so a release in between is not missed.
+            let mut released = std::pin::pin!(subscription.as_ref().map(Subscription::released));
+            if let Some(released) = released.as_mut().as_pin_mut() {
+                released.enable();
+            }
+            attempts.fetch_add(1, Ordering::Relaxed);
+            let last_error = match self.attempt(request).await {
+                Ok(Won(token, fence, sent)) => {
+                    return Ok(request.guard(inner, token, fence, sent, front, Taken::FromRedis));
+                }
+                Err(Lost::Busy) => None,
+                Err(Lost::Retry(e)) => Some(e),
+                Err(Lost::Fail(e)) => {
+                    return Err(e
+                        .with_key(request.key)
+                        .with_waited(request.started.elapsed()));
+                }
+            };
+            let now = Instant::now();
+            if now >= request.deadline {
+                if let Some(e) = last_error {
+                    return Err(e.with_key(request.key).with_waited(now - request.started));
+                }
+                return Err(self.contended_or_foreign(request).await);
+            }
+            if !listening && last_error.is_none() {
+                // Held elsewhere: from now on, hear its release, and ask
+                // again at once in case it came before we listened.
+                listening = true;
+                subscribe = true;
+                continue;
+            }
+            let pause = inner
+                .backoff
+                .delay(attempt)
+                .min(request.deadline.saturating_duration_since(Instant::now()));
+            attempt = attempt.saturating_add(1);
+            observe::retry(request.key, attempt, pause);
+            match released.as_mut().as_pin_mut() {
+                Some(released) => {
+                    let _ = tokio::time::timeout(pause, released).await;
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+
+    /// One attempt in Redis, with a token of its own: a late answer to an
+    /// earlier attempt (or its undo) can never touch a later one's key.
+    async fn attempt(&self, request: &Request<'_>) -> Result<Won, Lost> {
+        let inner = &self.inner;
+        // Should this future be dropped before the answer is in, the SET may
+        // still be applied: the token is then released in the background.
+        let held = MayHold::new(inner, &request.storage_key, Token::generate());
+        let limit = request.limit(inner.op_timeout);
+        let sent = Instant::now();
+        // Every backend bounds the call by `limit` as a whole.
+        let outcome = inner
+            .backend
+            .acquire(request.keys(), held.token(), request.ttl, limit)
+            .await;
+        match outcome {
+            Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
+            Ok(Attempt::Busy) => {
+                held.keep();
+                Err(Lost::Busy)
+            }
+            // The SET may have been applied with its answer lost: `held`
+            // releases that token as it goes.
+            Err(e) if e.kind() == ErrorKind::Unavailable => Err(Lost::Retry(e)),
+            Err(e) => Err(Lost::Fail(e)),
+        }
+    }
+
+    /// The error for a wait that ran out: `Contended`, unless the key is not
+    /// a lock at all (checked only on this failure path, and only within
+    /// what is left of the acquisition's bound).
+    async fn contended_or_foreign(&self, request: &Request<'_>) -> LockError {
+        let inner = &self.inner;
+        let waited = request.started.elapsed();
+        let limit = request.limit(inner.op_timeout);
+        let storage_key = &request.storage_key;
+        if limit > Duration::ZERO
+            && let Some(kind) = inner
+                .backend
+                .foreign_type(storage_key, request.ttl, limit)
+                .await
+        {
+            return LockError::new(ErrorKind::Server)
+                .with_key(request.key)
+                .with_waited(waited)
+                .with_message(format!(
+                    "Redis key {storage_key:?} holds a {kind}, not a lock; another \
+                     program uses it: choose another key or key prefix"
+                ));
+        }
+        LockError::new(ErrorKind::Contended)
+            .with_key(request.key)
+            .with_waited(waited)
+    }
+}
+
+/// What one acquisition needs to know, worked out once.
+struct Request<'k> {
+    /// The key as the caller named it.
+    key: &'k str,
+    storage_key: Arc<str>,
+    /// Where `key` starts in `storage_key`.
+    key_start: usize,
+    fence_key: Option<String>,
+    ttl: Duration,
+    renew: bool,
+    holds: HoldLimits,
+    started: Instant,
+    /// When the wait runs out: no attempt starts later.
+    deadline: Instant,
+    /// The deadline plus one call's bound: nothing waits on Redis past it.
+    end: Instant,
+}
+
+impl Request<'_> {
+    fn keys(&self) -> LockKeys<'_> {
+        LockKeys {
+            lock: &self.storage_key,
+            fence: self.fence_key.as_deref(),
+        }
+    }
+
+    /// The bound of one call: `call`, cut to what is left before `end`.
+    fn limit(&self, call: Duration) -> Duration {
+        call.min(self.end.saturating_duration_since(Instant::now()))
+    }
+
+    fn contended(&self) -> LockError {
+        LockError::new(ErrorKind::Contended)
+            .with_key(self.key)
+            .with_waited(self.started.elapsed())
+    }
+
+    /// The guard of a lease won, or taken over, by a command sent at `sent`.
+    fn guard(
+        &self,
+        inner: &Arc<ClientInner>,
+        token: Token,
+        fence: Option<u64>,
+        sent: Instant,
+        front: Front<'_>,
+        taken: Taken,
+    ) -> LockGuard {
+        let lease = self.lease(token, fence, validity_end(sent, self.ttl));
+        let renewal = match self.renew {
+            true => Renewal::From(renewal_due(sent, self.ttl)),
+            false => Renewal::Off,
+        };
+        LockGuard::new(inner.clone(), lease, renewal, front, taken)
+    }
+
+    fn lease(&self, token: Token, fence: Option<u64>, valid_until: Instant) -> Lease {
+        Lease::new(
+            self.storage_key.clone(),
+            self.key_start,
+            token,
+            fence,
+            self.ttl,
+            valid_until,
+            self.holds,
+        )
+    }
+}
+
+/// A won attempt: the token now stored under the key, the fencing token,
+/// and when the command was sent (where the lease's validity starts).
+struct Won(Token, Option<u64>, Instant);
+
+/// Why an attempt did not win.
+enum Lost {
+    /// Someone else holds the key.
+    Busy,
+    /// No answer, or a passing one (the server loading, busy, failing
+    /// over): try again within the wait.
+    Retry(LockError),
+    /// An answer that waiting will not change.
+    Fail(LockError),
+}
+
+/// A token that may be stored under a key while a call about it is in
+/// flight. Dropped before [`keep`](Self::keep) (the caller's future dropped,
+/// the call failed or timed out), it is released in the background, so a
+/// cancelled acquisition never leaves the key held by nobody until its ttl.
+struct MayHold<'a> {
+    inner: &'a Arc<ClientInner>,
+    key: &'a Arc<str>,
+    token: Token,
+    armed: bool,
+}
+
+impl<'a> MayHold<'a> {
+    fn new(inner: &'a Arc<ClientInner>, key: &'a Arc<str>, token: Token) -> MayHold<'a> {
+        MayHold {
+            inner,
+            key,
+            token,
+            armed: true,
+        }
+    }
+
+    fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The outcome is known: nothing to release (the lock is ours, or was
+    /// never taken).
+    fn keep(mut self) -> Token {
+        self.armed = false;
+        self.token.clone()
+    }
+}
+
+impl Drop for MayHold<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let token = self.token.clone();
+            spawn_release(self.inner.clone(), self.key.clone(), token, None);
+        }
+    }
+}
+
+/// How a wait in the queue ended.
+enum Waited {
+    /// The wait ran out.
+    TimedOut,
+    /// First in the queue now, with what was handed over, if anything.
+    Front(Owner, Option<Handoff>),
+    /// The queue moved under us; join again.
+    Again,
+}
+
+/// A waiter's place in the queue: the receiver of its hand-off.
+///
+/// Dropped before the hand-off was taken out (the wait ran out just as it came,
+/// or the caller's future was dropped), it closes the channel and passes on
+/// whatever was handed to it already: the turn to the next waiter, the
+/// lease to the next waiter or back to Redis. A key is never left with a
+/// waiter that is gone.
+struct Waiter<'a> {
+    inner: &'a Arc<ClientInner>,
+    key: &'a Arc<str>,
+    handoff: oneshot::Receiver<Handoff>,
+}
+
+impl Waiter<'_> {
+    /// Waits behind the task ahead until it hands over, or until its lease
+    /// is lost (then moves up front itself), or until `deadline`.
+    async fn wait(mut self, holder: Option<Arc<Lease>>, ahead: Owner, deadline: Instant) -> Waited {
+        let queues = &self.inner.queues;
+        let key = self.key;
+        let handoff = &mut self.handoff;
+        let waited = async {
+            if let Some(holder) = holder {
+                tokio::select! {
+                    received = &mut *handoff => return received.ok(),
+                    () = holder.lost() => {
+                        if let Some(owner) = queues.replace_lost_holder(key, ahead) {
+                            return Some(Handoff::Free { after: Duration::ZERO, owner });
+                        }
+                    }
+                }
+            }
+            handoff.await.ok()
+        };
+        match tokio::time::timeout_at(deadline, waited).await {
+            Err(_) => Waited::TimedOut,
+            Ok(None) => Waited::Again,
+            Ok(Some(handoff)) => {
+                let owner = match &handoff {
+                    Handoff::Lease(_, owner) | Handoff::Free { owner, .. } => *owner,
+                };
+                Waited::Front(owner, Some(handoff))
+            }
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.handoff.close();
+        if let Ok(handoff) = self.handoff.try_recv() {
+            pass_on(self.inner, self.key, handoff);
+        }
+    }
+}
+
+/// Passes on a hand-off its receiver will never use.
+fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff) {
+    let (handed, owner) = match handoff {
+        Handoff::Free { after, owner } => return inner.queues.pass_front(key, owner, after),
+        Handoff::Lease(handed, owner) => (handed, owner),
+    };
+    let token = handed.token.clone();
+    let usable = Instant::now() + MIN_TTL < handed.valid_until;
+    let spent =
+        match inner
+            .queues
+            .hand_off(key, owner, move || usable.then_some(handed), inner.handoff)
+        {
+            Next::HandedOver => return,
+            Next::NotFirst => return spawn_release(inner.clone(), key.clone(), token, None),
+            Next::Release { spent } => spent,
+        };
+    spawn_release(inner.clone(), key.clone(), token, None);
+    inner
+        .queues
+        .pass_front(key, owner, if spent { YIELD } else { Duration::ZERO });
+}
+
+/// The fencing counter of a lock; shares its hash slot.
+fn fence_key(storage_key: &str) -> String {
+    let mut out = String::with_capacity(storage_key.len() + 6);
+    out.push_str(storage_key);
+    out.push_str(":fence");
+    out
+}

@@ -1,0 +1,663 @@
+//! [`LockClientBuilder`]: every setting of a client, checked when it is
+//! built.
+
+use crate::backend::{Backend, ClusterNode, MemoryStore, MinReplicas, Node, Quorum, redact};
+use crate::backoff::Backoff;
+use crate::error::{ErrorKind, LockError};
+use crate::lease::{MAX_KEY_LEN, MIN_TTL, check_duration};
+use crate::queue::HandoffBudget;
+use crate::state::{LockClient, Settings};
+use std::time::Duration;
+
+/// Configures a [`LockClient`]. Every setting but the URL has a default.
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`key_prefix`](Self::key_prefix) | `"lock:"` |
+/// | [`default_ttl`](Self::default_ttl) | 30 s |
+/// | [`default_wait`](Self::default_wait) | 10 s |
+/// | [`operation_timeout`](Self::operation_timeout) | 2 s |
+/// | [`connect_timeout`](Self::connect_timeout) | 5 s |
+/// | [`backoff`](Self::backoff) | 10 ms doubling to 200 ms, full jitter |
+/// | [`handoff_budget`](Self::handoff_budget) | 250 hand-offs within 10 ms |
+/// | [`min_replicas`](Self::min_replicas) | off |
+///
+/// Where the locks live is chosen by exactly one of: [`url`](Self::url)
+/// once (one server), [`url`](Self::url)/[`urls`](Self::urls) for three or
+/// more servers (Redlock), [`sentinel`](Self::sentinel) (the primary that
+/// Redis Sentinel names, followed across failovers),
+/// [`cluster`](Self::cluster) (a Redis Cluster), or
+/// [`in_memory`](Self::in_memory).
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until .build().await"]
+pub struct LockClientBuilder {
+    urls: Vec<String>,
+    sentinel: Option<SentinelSettings>,
+    sentinel_primary: Option<String>,
+    cluster: Option<Vec<String>>,
+    min_replicas: Option<MinReplicas>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    op_timeout: Duration,
+    connect_timeout: Duration,
+    node_timeout: Option<Duration>,
+    backoff: Backoff,
+    handoff: HandoffBudget,
+    memory: Option<MemoryStore>,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        LockClientBuilder {
+            urls: Vec::new(),
+            sentinel: None,
+            sentinel_primary: None,
+            cluster: None,
+            min_replicas: None,
+            prefix: "lock:".to_owned(),
+            default_ttl: Duration::from_secs(30),
+            default_wait: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            node_timeout: None,
+            backoff: Backoff::default(),
+            handoff: HandoffBudget::default(),
+            memory: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// A Redis server, as a `redis://` (or, with the `tls` feature,
+    /// `rediss://`) URL; credentials go in it as
+    /// `redis://user:password@host:port/db`.
+    ///
+    /// Called once: locks live on that server. Called for three or more
+    /// independent primaries (or use [`urls`](Self::urls)): Redlock, where a
+    /// lock is held on a majority of them.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.urls.push(url.into());
+        self
+    }
+
+    /// Redis Sentinel: locks live on the primary that the Sentinels at
+    /// `sentinel_urls` (`redis://[user:password@]host:port`, the Sentinels'
+    /// own credentials) name for `service_name` (the name in their
+    /// `sentinel monitor <name> ...`).
+    ///
+    /// The client asks the Sentinels for the primary, checks that it answers
+    /// `ROLE` as a primary, and keeps one connection to it. Whenever that
+    /// connection is replaced (it broke, timed out, or its runtime ended) the
+    /// Sentinels are asked again, all within the
+    /// [`connect_timeout`](Self::connect_timeout). After a failover the old
+    /// primary, if it still answers, answers writes with `READONLY`: the
+    /// client then drops the connection and the call fails as
+    /// [`ErrorKind::Unavailable`], which an acquisition retries within its
+    /// wait, on the new primary. Renewals and releases are retried once at
+    /// once on the new primary.
+    ///
+    /// The primary's user, password and database are not those of the
+    /// Sentinel URLs: give them with
+    /// [`sentinel_primary_credentials`](Self::sentinel_primary_credentials)
+    /// (default: none, database 0). Plain TCP only (`redis://`).
+    ///
+    /// Release wake-ups (pub/sub) are not used with Sentinel: a waiter polls
+    /// with its [`backoff`](Self::backoff), so it notices a release within
+    /// one backoff step instead of at once.
+    ///
+    /// Replication is asynchronous: a lock acquired just before a failover
+    /// may be missing on the new primary. See
+    /// [`min_replicas`](Self::min_replicas) for what can be done about it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let client = lock_core::LockClient::builder()
+    ///     .sentinel(
+    ///         ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///         "mymaster",
+    ///     )
+    ///     .sentinel_primary_credentials("redis://:primary-password@primary/0")
+    ///     .min_replicas(1, Duration::from_millis(100))
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn sentinel<I, S>(mut self, sentinel_urls: I, service_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sentinel = Some(SentinelSettings {
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+            service: service_name.into(),
+        });
+        self
+    }
+
+    /// With [`sentinel`](Self::sentinel): the user, password and database
+    /// for the primary (the same for whichever server is primary), as a URL
+    /// `redis://[user:]password@host[/db]` whose host and port are ignored
+    /// (the Sentinels name the server). Without it: no login, database 0.
+    pub fn sentinel_primary_credentials(mut self, url: impl Into<String>) -> Self {
+        self.sentinel_primary = Some(url.into());
+        self
+    }
+
+    /// After each successful acquisition, waits for `replicas` replicas to
+    /// acknowledge the lock's write (`WAIT replicas timeout` on the same
+    /// connection, right after the `SET`), for at most `timeout`; with fewer
+    /// acknowledgements the lock is deleted again (compare-and-delete) and
+    /// the attempt counts as failed with [`ErrorKind::Unavailable`] ("the
+    /// lock was not replicated to N replicas"): it is retried within the
+    /// acquisition's wait, and the error is returned when the wait runs out.
+    /// Default: off. One server or Sentinel only, not Redlock.
+    ///
+    /// What it guarantees: a lock handed to the caller had reached at least
+    /// `replicas` replicas' memory, so a failover that promotes one of them
+    /// keeps it. What it does not: replication stays asynchronous, and
+    /// `WAIT` does not make the lock strongly consistent. A failover can
+    /// still lose the lock when the promoted replica is not one that
+    /// acknowledged (with more replicas than `replicas`), or when a replica
+    /// that acknowledged restarts without persistence; renewals are not
+    /// waited for (a promoted replica may have an older expiry, so the lock
+    /// can expire there sooner than the holder thinks, by up to the part of
+    /// the ttl renewed since); nor are the lease take-overs between tasks of
+    /// one process. Fencing tokens remain the way to make the protected
+    /// resource safe against two holders.
+    ///
+    /// Costs: a round trip per acquisition, and `WAIT` blocks the client's
+    /// one shared connection until the replicas answer (normally well under
+    /// a millisecond on a local network; up to `timeout` when they are
+    /// missing), delaying other calls of the client meanwhile. `timeout`
+    /// must be shorter than the [`operation_timeout`](Self::operation_timeout),
+    /// which bounds the acquisition call and its `WAIT` together. An ACL
+    /// user needs `+wait` too.
+    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replicas = Some(MinReplicas { replicas, timeout });
+        self
+    }
+
+    /// Keeps the locks in this process's memory, in `store`, instead of
+    /// Redis: for unit tests. Clients built on one store see the same locks.
+    /// See [`LockClient::in_memory`].
+    pub fn in_memory(mut self, store: &MemoryStore) -> Self {
+        self.memory = Some(store.clone());
+        self
+    }
+
+    /// A Redis Cluster, reached first through `urls`
+    /// (`redis://[user:password@]host:port`; one node is enough, more help
+    /// when some are down; the rest of the cluster is discovered).
+    ///
+    /// Each lock lives in the hash slot of its key: the key is stored as
+    /// `<prefix>{<key>}` (and its fence counter as `<prefix>{<key>}:fence`),
+    /// so every command of a lock goes to one primary, and locks spread over
+    /// the primaries. Commands follow `MOVED`/`ASK` redirections and
+    /// failovers. Release wake-ups subscribe on each given node (a
+    /// `PUBLISH` reaches every node of a cluster).
+    ///
+    /// Plain TCP only (no TLS); [`min_replicas`](Self::min_replicas) is not
+    /// available. Replication in a cluster is asynchronous: a failover
+    /// right after an acquisition can lose the fresh lock.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.cluster
+            .get_or_insert_with(Vec::new)
+            .extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Several independent Redis primaries (at least 3, not replicas of one
+    /// another): selects Redlock. Adds to any URL given before.
+    pub fn urls<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.urls.extend(urls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Redlock only: the bound on each server's answer. Default: 5 % of the
+    /// lock's ttl, at least 50 ms, at most the operation timeout. A server
+    /// that is down or slow costs at most this, never the whole wait.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
+        self
+    }
+
+    /// The prefix of every key the client writes (default `"lock:"`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The ttl used when a caller gives none (the attribute without `ttl`).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// How long an acquisition waits when the caller gives no wait.
+    /// It is always bounded.
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// The bound on every Redis call (acquire attempt, renewal, release).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// The bound on opening a connection.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long the tasks of this process may pass a lease among themselves
+    /// before it is released to other processes (default: 250 hand-offs
+    /// within 10 ms). [`HandoffBudget::NONE`] turns hand-off off; the tasks
+    /// of a process still queue in order.
+    pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
+        self.handoff = budget;
+        self
+    }
+
+    /// The delay between acquisition attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` (PEM text, one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks) for `rediss://` servers,
+    /// instead of the system's trust store: for a server whose certificate
+    /// a private CA issued. Called again, trusts those as well.
+    ///
+    /// Needs the `tls` feature.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_root_certificate(std::fs::read("/etc/redis/ca.crt")?)
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        let mut pem = pem.into();
+        let tls = self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        });
+        match &mut tls.root_cert {
+            Some(roots) => {
+                roots.push(b'\n');
+                roots.append(&mut pem);
+            }
+            None => tls.root_cert = Some(pem),
+        }
+        self
+    }
+
+    /// Presents this client certificate (PEM chain) and private key (PEM,
+    /// PKCS#8, PKCS#1 or SEC1) to `rediss://` servers that require one
+    /// (mutual TLS, `tls-auth-clients yes`).
+    ///
+    /// Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        let tls = self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        });
+        tls.client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// One server, with the TLS certificates when some were given.
+    #[cfg(feature = "tls")]
+    fn node(&self, url: &str) -> Result<Node, LockError> {
+        match &self.tls {
+            Some(tls) => Node::with_tls(url, self.connect_timeout, tls),
+            None => Node::new(url, self.connect_timeout),
+        }
+    }
+
+    /// One server.
+    #[cfg(not(feature = "tls"))]
+    fn node(&self, url: &str) -> Result<Node, LockError> {
+        Node::new(url, self.connect_timeout)
+    }
+
+    /// The node that follows the primary the Sentinels name.
+    fn sentinel_node(&self, sentinel: &SentinelSettings) -> Result<Node, LockError> {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Err(LockError::config(
+                "TLS certificates were configured, but TLS is not supported with Sentinel",
+            ));
+        }
+        let primary = match &self.sentinel_primary {
+            Some(url) => redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map_err(|e| {
+                    LockError::config(format!(
+                        "cannot use {:?} for the primary's credentials; write it as \
+                         redis://[user:]password@host[/db]",
+                        redact(url)
+                    ))
+                    .with_source(e)
+                })?
+                .redis_settings()
+                .clone(),
+            None => redis::RedisConnectionInfo::default(),
+        };
+        Node::sentinel(
+            &sentinel.urls,
+            &sentinel.service,
+            primary,
+            self.connect_timeout,
+        )
+    }
+
+    /// The checks every kind of deployment shares: durations in range and
+    /// a prefix that leaves room for keys.
+    /// The settings every backend's client shares.
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
+            prefix: self.prefix.clone(),
+            default_ttl: self.default_ttl,
+            default_wait: self.default_wait,
+            op_timeout: self.op_timeout,
+            backoff: self.backoff,
+            handoff: self.handoff,
+        }
+    }
+
+    fn check_common(&self) -> Result<(), LockError> {
+        check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
+        check_duration("default_wait", self.default_wait, Duration::ZERO)?;
+        check_duration(
+            "operation_timeout",
+            self.op_timeout,
+            Duration::from_millis(1),
+        )?;
+        check_duration(
+            "connect_timeout",
+            self.connect_timeout,
+            Duration::from_millis(1),
+        )?;
+        if self.prefix.len() > MAX_KEY_LEN / 2 {
+            return Err(LockError::config(format!(
+                "key prefix is {} bytes; keep it under {}",
+                self.prefix.len(),
+                MAX_KEY_LEN / 2
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the configuration, connects and proves the server answers.
+    ///
+    /// Errors: [`ErrorKind::Config`] for invalid settings or URL,
+    /// [`ErrorKind::Unavailable`] when the server cannot be reached within
+    /// the connect timeout, [`ErrorKind::Server`] when it refuses (wrong
+    /// password, an ACL without `PING`); [`ErrorKind::Config`] also for a
+    /// `rediss://` URL without the `tls` feature and for a failed TLS
+    /// handshake (a server certificate no trusted CA issued).
+    pub async fn build(self) -> Result<LockClient, LockError> {
+        if self.cluster.is_some() {
+            return self.build_cluster().await;
+        }
+        self.check_where()?;
+        self.check_min_replicas()?;
+        self.check_common()?;
+        if let Some(timeout) = self.node_timeout {
+            check_duration("node_timeout", timeout, Duration::from_millis(1))?;
+        }
+        if let Some(store) = &self.memory {
+            let backend = Backend::Memory(store.clone());
+            return Ok(LockClient::assemble(self.settings(), backend));
+        }
+        let backend = self.servers()?;
+        let ping_limit = self.connect_timeout.max(self.op_timeout);
+        let client = LockClient::assemble(self.settings(), backend);
+        client.inner.backend.ping(ping_limit).await.map_err(|e| {
+            // A refusal (credentials, ACL, TLS certificate) keeps its
+            // own explanation.
+            if e.kind() != ErrorKind::Unavailable {
+                return e;
+            }
+            e.with_message(format!(
+                "cannot reach Redis at {}; check the URL and that the server runs",
+                self.shown_servers().join(", ")
+            ))
+        })?;
+        Ok(client)
+    }
+
+    /// Exactly one place for the locks: URLs (one, or three and more),
+    /// Sentinels, or an in-memory store.
+    fn check_where(&self) -> Result<(), LockError> {
+        match (self.urls.len(), &self.memory, &self.sentinel) {
+            (0, Some(_), None) | (0, None, Some(_)) => {}
+            (_, Some(_), _) => {
+                return Err(LockError::config(
+                    "both Redis URLs or Sentinels and an in-memory store given; choose one",
+                ));
+            }
+            (_, None, Some(_)) => {
+                return Err(LockError::config(
+                    "both Redis URLs and Sentinels given; choose one (with Sentinel, give the \
+                     primary's credentials with .sentinel_primary_credentials(...))",
+                ));
+            }
+            (0, None, None) => {
+                return Err(LockError::config(
+                    "no Redis URL: call .url(\"redis://host:6379\") on the builder",
+                ));
+            }
+            (2, None, None) => {
+                return Err(LockError::config(
+                    "2 Redis URLs: Redlock needs at least 3 independent servers \
+                     (2 cannot outvote one failure); give 1, or 3 or more",
+                ));
+            }
+            _ => {}
+        }
+        if self.sentinel_primary.is_some() && self.sentinel.is_none() {
+            return Err(LockError::config(
+                "sentinel_primary_credentials is only used with .sentinel(...)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `min_replicas` makes sense only with one server, and within the
+    /// operation timeout.
+    fn check_min_replicas(&self) -> Result<(), LockError> {
+        let Some(min) = self.min_replicas else {
+            return Ok(());
+        };
+        if self.memory.is_some() || self.urls.len() > 1 {
+            return Err(LockError::config(
+                "min_replicas needs one Redis server or Sentinel, not Redlock or in-memory",
+            ));
+        }
+        if min.replicas == 0 {
+            return Err(LockError::config(
+                "min_replicas(0, ..) waits for nothing: give at least 1, or leave it off",
+            ));
+        }
+        check_duration(
+            "min_replicas timeout",
+            min.timeout,
+            Duration::from_millis(1),
+        )?;
+        if min.timeout >= self.op_timeout {
+            return Err(LockError::config(format!(
+                "min_replicas timeout {:?} must be shorter than operation_timeout {:?}, \
+                 which bounds the acquisition and its WAIT together",
+                min.timeout, self.op_timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// One server (directly or through Sentinel), or a Redlock quorum.
+    fn servers(&self) -> Result<Backend, LockError> {
+        let mut nodes = match &self.sentinel {
+            Some(sentinel) => vec![self.sentinel_node(sentinel)?],
+            None => self
+                .urls
+                .iter()
+                .map(|url| self.node(url))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        if nodes.len() > 1 {
+            return Ok(Backend::Redlock(Quorum::new(nodes, self.node_timeout)));
+        }
+        let Some(mut node) = nodes.pop() else {
+            return Err(LockError::config("no Redis URL"));
+        };
+        node.min_replicas = self.min_replicas;
+        Ok(Backend::Single(node))
+    }
+
+    /// Where the servers are, without credentials, for messages.
+    fn shown_servers(&self) -> Vec<String> {
+        match &self.sentinel {
+            Some(sentinel) => vec![format!(
+                "the primary of {:?} named by sentinels {}",
+                sentinel.service,
+                sentinel
+                    .urls
+                    .iter()
+                    .map(|u| redact(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )],
+            None => self.urls.iter().map(|u| redact(u)).collect(),
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// [`build`](Self::build) for a Redis Cluster.
+    async fn build_cluster(self) -> Result<LockClient, LockError> {
+        let urls = self.cluster.clone().unwrap_or_default();
+        if !self.urls.is_empty() || self.sentinel.is_some() || self.memory.is_some() {
+            return Err(LockError::config(
+                "a Redis Cluster and Redis URLs, Sentinels or an in-memory store given; \
+                 choose one",
+            ));
+        }
+        if self.sentinel_primary.is_some() {
+            return Err(LockError::config(
+                "sentinel_primary_credentials is only used with .sentinel(...)",
+            ));
+        }
+        if self.min_replicas.is_some() {
+            return Err(LockError::config(
+                "min_replicas is not available with a Redis Cluster",
+            ));
+        }
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Err(LockError::config(
+                "TLS certificates were configured, but TLS is not supported with a Redis Cluster",
+            ));
+        }
+        self.check_common()?;
+        let node = ClusterNode::new(&urls, self.connect_timeout, self.op_timeout)?;
+        let shown = node.addr().to_owned();
+        let ping_limit = self.connect_timeout.max(self.op_timeout);
+        let client = LockClient::assemble(self.settings(), Backend::Cluster(node));
+        client.inner.backend.ping(ping_limit).await.map_err(|e| {
+            if e.kind() != ErrorKind::Unavailable {
+                return e;
+            }
+            e.with_message(format!(
+                "cannot reach the Redis Cluster at {shown}; check the URLs and that it runs"
+            ))
+        })?;
+        Ok(client)
+    }
+}
+
+/// The Sentinels and the service name given to
+/// [`LockClientBuilder::sentinel`].
+#[derive(Clone, Debug)]
+struct SentinelSettings {
+    urls: Vec<String>,
+    service: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn builder_without_url_is_a_config_error() {
+        let err = LockClient::builder().build().await.err();
+        assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    #[tokio::test]
+    async fn bad_url_is_a_config_error() {
+        let err = LockClient::builder().url("http://nope").build().await.err();
+        assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    #[tokio::test]
+    async fn zero_ttl_is_a_config_error() {
+        let err = LockClient::builder()
+            .url("redis://127.0.0.1:16999")
+            .default_ttl(Duration::ZERO)
+            .build()
+            .await
+            .err();
+        assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    #[test]
+    fn durations_out_of_range_are_rejected() {
+        assert!(check_duration("ttl", Duration::from_millis(9), MIN_TTL).is_err());
+        assert!(check_duration("ttl", Duration::from_secs(25 * 3600), MIN_TTL).is_err());
+        assert!(check_duration("ttl", Duration::from_secs(30), MIN_TTL).is_ok());
+        assert!(check_duration("wait", Duration::ZERO, Duration::ZERO).is_ok());
+    }
+}

@@ -1,0 +1,237 @@
+//! What a held lock is: its token, ttl and validity deadline, and the
+//! limits every lease keeps.
+
+use crate::error::LockError;
+use crate::observe;
+use crate::token::Token;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The longest key accepted, prefix included.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The shortest ttl accepted: a renewal every ttl/3 must have a chance to
+/// finish a round trip.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest ttl or wait accepted (24 hours): anything longer is a unit
+/// mistake.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// When a lease of `ttl` acquired or renewed at `from` is due for
+/// renewal: a third of its ttl later (as Redisson's watchdog and most lock
+/// libraries do), which leaves two more tries before it expires.
+pub(crate) fn renewal_due(from: Instant, ttl: Duration) -> Instant {
+    from + ttl / 3
+}
+
+/// The clock drift allowed for a lease of `ttl`: 1 % plus 2 ms, as in the
+/// Redlock reference. The local validity deadline ends this much before the
+/// server's expiry.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How long a holder keeps a lock at least and at most (`min_hold`,
+/// `max_hold`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HoldLimits {
+    pub(crate) min: Option<Duration>,
+    pub(crate) max: Option<Duration>,
+}
+
+impl HoldLimits {
+    pub(crate) fn check(&self, ttl: Duration) -> Result<(), LockError> {
+        if let Some(max) = self.max
+            && max < ttl
+        {
+            return Err(LockError::config(format!(
+                "max_hold {max:?} is shorter than the ttl {ttl:?}"
+            )));
+        }
+        if let (Some(min), Some(max)) = (self.min, self.max)
+            && min > max
+        {
+            return Err(LockError::config(format!(
+                "min_hold {min:?} is longer than max_hold {max:?}"
+            )));
+        }
+        for (what, hold) in [("min_hold", self.min), ("max_hold", self.max)] {
+            if hold.is_some_and(|h| h > MAX_DURATION) {
+                return Err(LockError::config(format!(
+                    "{what} is longer than 24h; check the unit"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a held lock knows about itself; shared by the guard and its
+/// heartbeat.
+pub(crate) struct Lease {
+    /// The Redis key: the prefix, then the caller's key in braces. Shared
+    /// with the process's line for the key (one allocation per lock).
+    pub(crate) storage_key: Arc<str>,
+    /// Where the caller's key starts in `storage_key`.
+    key_start: usize,
+    pub(crate) token: Token,
+    pub(crate) fence: Option<u64>,
+    ttl_ms: AtomicU64,
+    /// Until when we may trust that we own the lock: the start of the last
+    /// successful acquire or renew, plus ttl, minus drift. Monotonic clock.
+    valid_until: Mutex<Instant>,
+    lost: AtomicBool,
+    lost_notify: Notify,
+    /// When this holder got the lock (for the hold time).
+    pub(crate) acquired: Instant,
+    /// `min_hold`: a release before this only shortens the lease to it.
+    min_until: Option<Instant>,
+    /// `max_hold`: the lease is never trusted past this.
+    max_until: Option<Instant>,
+    /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
+    /// never land after a newer one and shorten the lease behind our back:
+    /// one permit, inside the lease (no allocation of its own); the
+    /// heartbeat takes it with `try_acquire` and holds it through a round.
+    pub(crate) renewing: tokio::sync::Semaphore,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        storage_key: Arc<str>,
+        key_start: usize,
+        token: Token,
+        fence: Option<u64>,
+        ttl: Duration,
+        valid_until: Instant,
+        holds: HoldLimits,
+    ) -> Lease {
+        let acquired = Instant::now();
+        let max_until = holds.max.map(|max| acquired + max);
+        let valid_until = max_until.map_or(valid_until, |max| valid_until.min(max));
+        Lease {
+            storage_key,
+            key_start,
+            token,
+            fence,
+            ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            valid_until: Mutex::new(valid_until),
+            lost: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+            acquired,
+            min_until: holds.min.map(|min| acquired + min),
+            max_until,
+            renewing: tokio::sync::Semaphore::new(1),
+        }
+    }
+
+    /// The key as the caller named it (inside the braces of the storage key).
+    pub(crate) fn key(&self) -> &str {
+        let end = self.storage_key.len().saturating_sub(1);
+        self.storage_key
+            .get(self.key_start..end)
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a successful renewal sent at `sent` for `ttl`.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        self.ttl_ms.store(
+            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+        let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
+        let end = validity_end(sent, ttl);
+        *until = self.max_until.map_or(end, |max| end.min(max));
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost(self.deadline_reason());
+            return true;
+        }
+        false
+    }
+
+    /// Why a lease whose validity deadline passed is lost.
+    pub(crate) fn deadline_reason(&self) -> &'static str {
+        if self.max_until.is_some_and(|max| Instant::now() >= max) {
+            "max_hold reached"
+        } else {
+            "the validity deadline passed without a successful renewal"
+        }
+    }
+
+    /// How long a release must keep the lease still (`min_hold`), if at all.
+    pub(crate) fn keep_for(&self) -> Option<Duration> {
+        let left = self.min_until?.saturating_duration_since(Instant::now());
+        (left >= MIN_TTL.min(Duration::from_millis(1))).then_some(left)
+    }
+
+    /// The lock is lost while held, for `reason`: signalled once, and
+    /// logged.
+    pub(crate) fn mark_lost(&self, reason: &'static str) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            observe::lost(self.key(), reason);
+            self.lost_notify.notify_waiters();
+        }
+    }
+
+    /// The guard let go: nothing is held any more, nothing went wrong.
+    pub(crate) fn retire(&self) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            self.lost_notify.notify_waiters();
+        }
+    }
+
+    pub(crate) async fn lost(&self) {
+        loop {
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            // Wake at the validity deadline too: a lease that is not renewed
+            // (renewal off, or the heartbeat's runtime gone) is lost then.
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(self.valid_until()) => {}
+            }
+        }
+    }
+}
+
+/// Until when a lease of `ttl` acquired or renewed by a command sent at
+/// `sent` may be trusted.
+pub(crate) fn validity_end(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(drift(ttl))
+}
+
+/// Checks a duration setting: at least `min`, at most [`MAX_DURATION`].
+pub(crate) fn check_duration(what: &str, value: Duration, min: Duration) -> Result<(), LockError> {
+    if value < min {
+        return Err(LockError::config(format!(
+            "{what} {value:?} is shorter than the minimum {min:?}"
+        )));
+    }
+    if value > MAX_DURATION {
+        return Err(LockError::config(format!(
+            "{what} {value:?} is longer than 24h; check the unit"
+        )));
+    }
+    Ok(())
+}

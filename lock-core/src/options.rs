@@ -1,0 +1,101 @@
+//! [`LockOptions`]: how one acquisition behaves.
+
+use crate::lease::HoldLimits;
+use std::time::Duration;
+
+/// How one acquisition behaves: lease length, how long to wait, renewal,
+/// fencing.
+///
+/// ```
+/// use lock_core::LockOptions;
+/// use std::time::Duration;
+///
+/// let opts = LockOptions::new(Duration::from_secs(30))
+///     .wait(Duration::from_secs(2))
+///     .renew(true)
+///     .fencing(true);
+/// assert_eq!(opts.ttl(), Duration::from_secs(30));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) renew: bool,
+    pub(crate) fencing: bool,
+    pub(crate) holds: HoldLimits,
+}
+
+impl LockOptions {
+    /// A lease of `ttl`, renewed while held, waiting as long as the client's
+    /// default wait, without a fencing token.
+    pub fn new(ttl: Duration) -> LockOptions {
+        LockOptions {
+            ttl,
+            wait: None,
+            renew: true,
+            fencing: false,
+            holds: HoldLimits::default(),
+        }
+    }
+
+    /// How long [`LockClient::lock_with`](crate::LockClient::lock_with) may wait for the lock.
+    /// `Duration::ZERO` makes exactly one attempt.
+    pub fn wait(mut self, wait: Duration) -> LockOptions {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Whether a heartbeat renews the lease every ttl/3 while the guard lives
+    /// (default `true`). Without renewal the lock simply expires after `ttl`
+    /// and the guard reports it lost from then on.
+    pub fn renew(mut self, renew: bool) -> LockOptions {
+        self.renew = renew;
+        self
+    }
+
+    /// Whether to take a fencing token: a number that grows with every
+    /// successive holder of the key, for the protected resource to check
+    /// (default `false`). It costs a counter key per lock key that never
+    /// expires.
+    pub fn fencing(mut self, fencing: bool) -> LockOptions {
+        self.fencing = fencing;
+        self
+    }
+
+    /// Keep the lock at least this long after it was acquired, even when the
+    /// guard is released sooner: the release then shortens the lease to what
+    /// is left instead of deleting it. For scheduled jobs: a run that
+    /// finishes fast must not let another replica run the same tick.
+    pub fn min_hold(mut self, min_hold: Duration) -> LockOptions {
+        self.holds.min = Some(min_hold);
+        self
+    }
+
+    /// Hold the lock at most this long: renewal stops then and the lock is
+    /// reported lost, so a runaway holder cannot keep it forever. At least
+    /// the ttl.
+    pub fn max_hold(mut self, max_hold: Duration) -> LockOptions {
+        self.holds.max = Some(max_hold);
+        self
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait, when set; otherwise the client's default applies.
+    pub fn wait_time(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// Whether the lease is renewed.
+    pub fn renews(&self) -> bool {
+        self.renew
+    }
+
+    /// Whether a fencing token is taken.
+    pub fn fences(&self) -> bool {
+        self.fencing
+    }
+}

@@ -1,0 +1,510 @@
+//! The in-process wait queue for each key: two-level locking.
+//!
+//! Tasks of one process that want the same key queue here, first come first
+//! served, behind the one task that holds the key or is acquiring it from
+//! Redis. Only that task talks to Redis, so the tasks of a process never race
+//! one another for the lease, and a task that releases and at once locks
+//! again goes to the back of the queue instead of barging in front of tasks
+//! that waited.
+//!
+//! When the holder lets go while others wait, the Redis lease is
+//! *handed off*: the next task takes it over (renewed for its own ttl, with a
+//! new fencing token when it asked for one) without the lease ever being
+//! given up, which saves two round trips and lets no other process slip in
+//! between. Hand-offs are limited by a [`HandoffBudget`]: after that many, or that
+//! long since the lease was taken from Redis, the lease is released for real
+//! and the next task in the queue must win it in Redis against other processes,
+//! so no process can keep a key to itself.
+
+use crate::lease::Lease;
+use crate::token::Token;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// How long a process may keep a key through hand-offs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandoffBudget {
+    /// Hand-offs in a row before the lease is released for real.
+    pub handoffs: u32,
+    /// Time since the lease was taken from Redis after which it is released
+    /// for real at the next release.
+    pub hold: Duration,
+}
+
+impl HandoffBudget {
+    /// No hand-offs: every release goes to Redis (the tasks of a process
+    /// still queue fairly).
+    pub const NONE: HandoffBudget = HandoffBudget {
+        handoffs: 0,
+        hold: Duration::ZERO,
+    };
+}
+
+impl Default for HandoffBudget {
+    /// Up to 250 hand-offs within 10 ms.
+    fn default() -> HandoffBudget {
+        HandoffBudget {
+            handoffs: 250,
+            hold: Duration::from_millis(10),
+        }
+    }
+}
+
+/// How long the next task of this process waits before trying Redis when a
+/// hand-off budget ran out: long enough for a waiter of another process,
+/// woken by the release message, to get its attempt in first.
+pub(crate) const YIELD: Duration = Duration::from_millis(1);
+
+/// Who is first in a queue: changes at every hand-over, so a guard that lost
+/// its place (its lease was lost and a waiter moved up) cannot disturb the
+/// queue any more.
+pub(crate) type Owner = u64;
+
+/// What a waiter receives when the task ahead lets go; it is first in the
+/// queue from then on, as `owner`.
+pub(crate) enum Handoff {
+    /// The lease itself, still held in Redis under its token.
+    Lease(HandedLease, Owner),
+    /// The key is free locally: acquire it from Redis. `after`: wait this
+    /// long first, so waiters of other processes get their chance.
+    Free { after: Duration, owner: Owner },
+}
+
+pub(crate) struct HandedLease {
+    pub(crate) token: Token,
+    pub(crate) valid_until: Instant,
+}
+
+struct Queue {
+    owner: Owner,
+    /// The lease of the task first in queue, once it holds one.
+    holder: Option<Arc<Lease>>,
+    waiting: VecDeque<oneshot::Sender<Handoff>>,
+    /// Hand-offs since the lease was last taken from Redis.
+    handoffs: u32,
+    /// When the lease was last taken from Redis.
+    taken: Option<Instant>,
+}
+
+/// Every key some task of this client holds or is acquiring.
+pub(crate) struct Queues {
+    /// The queues, spread over shards by key so that tasks on different keys
+    /// seldom meet on one mutex (or one cache line).
+    shards: Box<[CachePadded]>,
+    pick: foldhash::fast::RandomState,
+}
+
+/// How many shards [`Queues`] has.
+const SHARDS: usize = 32;
+
+type Map = HashMap<Arc<str>, Queue, foldhash::fast::RandomState>;
+
+#[derive(Default)]
+struct Shard {
+    queues: Map,
+    /// The last owner id given out here. A key always maps to the same
+    /// shard, so a key's owner ids never repeat.
+    owners: Owner,
+}
+
+/// A shard on cache lines of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct CachePadded(Mutex<Shard>);
+
+impl Default for Queues {
+    fn default() -> Queues {
+        Queues {
+            shards: (0..SHARDS).map(|_| CachePadded::default()).collect(),
+            pick: foldhash::fast::RandomState::default(),
+        }
+    }
+}
+
+fn next_owner(owners: &mut Owner) -> Owner {
+    *owners += 1;
+    *owners
+}
+
+/// How the holder first in a queue came by its lease.
+#[derive(Clone, Copy)]
+pub(crate) enum Taken {
+    /// Won in Redis: a new hand-off budget starts.
+    FromRedis,
+    /// Handed over by the task ahead.
+    HandedOver,
+}
+
+/// Where a task stands when it asks for a key.
+pub(crate) enum Position {
+    /// First in the queue: acquire from Redis.
+    Front(Owner),
+    /// Wait for the hand-off, or for the holder's lease to be lost.
+    Behind {
+        handoff: oneshot::Receiver<Handoff>,
+        holder: Option<Arc<Lease>>,
+        /// The owner ahead.
+        ahead: Owner,
+    },
+}
+
+/// How the holder lets go.
+pub(crate) enum Next {
+    /// Handed to the next task; nothing to do in Redis.
+    HandedOver,
+    /// Release in Redis, then [`Queues::pass_front`]. `spent`: tasks wait,
+    /// but the budget ran out.
+    Release { spent: bool },
+    /// This task is no longer first (its lease was lost and another task
+    /// moved up): release in Redis, there is nothing to pass.
+    NotFirst,
+}
+
+impl Queues {
+    /// The shard of `key`, locked.
+    fn lock(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+        let at = (std::hash::BuildHasher::hash_one(&self.pick, key) % SHARDS as u64) as usize;
+        self.shards[at].0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many keys have a queue: held, or being acquired, by some task.
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                shard
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .queues
+                    .len()
+            })
+            .sum()
+    }
+
+    /// Joins the queue for `key`; `wait: false` only looks (a caller that
+    /// will not wait), and gets `None` when someone is ahead. A holder whose
+    /// lease is lost is no longer ahead of anyone.
+    pub(crate) fn join(&self, key: &Arc<str>, wait: bool) -> Option<Position> {
+        let mut shard = self.lock(key);
+        let Shard { queues, owners } = &mut *shard;
+        let Some(queue) = queues.get_mut(&**key) else {
+            let owner = next_owner(owners);
+            queues.insert(
+                key.clone(),
+                Queue {
+                    owner,
+                    holder: None,
+                    waiting: VecDeque::new(),
+                    handoffs: 0,
+                    taken: None,
+                },
+            );
+            return Some(Position::Front(owner));
+        };
+        if queue.holder.as_ref().is_some_and(|h| h.is_lost()) {
+            queue.owner = next_owner(owners);
+            queue.holder = None;
+            return Some(Position::Front(queue.owner));
+        }
+        if !wait {
+            return None;
+        }
+        queue.waiting.retain(|w| !w.is_closed());
+        let (tx, rx) = oneshot::channel();
+        queue.waiting.push_back(tx);
+        Some(Position::Behind {
+            handoff: rx,
+            holder: queue.holder.clone(),
+            ahead: queue.owner,
+        })
+    }
+
+    /// Moves a waiter up front when the holder it waited behind (`seen`) lost
+    /// its lease and is still first.
+    pub(crate) fn replace_lost_holder(&self, key: &str, seen: Owner) -> Option<Owner> {
+        let mut shard = self.lock(key);
+        let Shard { queues, owners } = &mut *shard;
+        let queue = queues.get_mut(key)?;
+        if queue.owner != seen {
+            return None;
+        }
+        queue.owner = next_owner(owners);
+        queue.holder = None;
+        Some(queue.owner)
+    }
+
+    /// `owner` holds `lease` now; taken from Redis, it starts a new hand-off
+    /// budget.
+    pub(crate) fn set_holder(&self, key: &str, owner: Owner, lease: &Arc<Lease>, taken: Taken) {
+        if let Some(queue) = self.lock(key).queues.get_mut(key)
+            && queue.owner == owner
+        {
+            queue.holder = Some(lease.clone());
+            if let Taken::FromRedis = taken {
+                queue.handoffs = 0;
+                queue.taken = Some(Instant::now());
+            }
+        }
+    }
+
+    /// `owner` lets go of a lease still held in Redis (`lease`, unless it
+    /// was lost): hands it to the next task if the budget allows and someone
+    /// waits, otherwise says to release it.
+    ///
+    /// After `Release` the caller releases in Redis and then calls
+    /// [`pass_front`](Self::pass_front); after `NotFirst`, it only releases.
+    pub(crate) fn hand_off(
+        &self,
+        key: &str,
+        owner: Owner,
+        lease: impl FnOnce() -> Option<HandedLease>,
+        budget: HandoffBudget,
+    ) -> Next {
+        let mut shard = self.lock(key);
+        let Shard { queues, owners } = &mut *shard;
+        let Some(queue) = queues.get_mut(key).filter(|queue| queue.owner == owner) else {
+            return Next::NotFirst;
+        };
+        queue.waiting.retain(|w| !w.is_closed());
+        // With nobody waiting the queue still stays until `pass_front`, after the
+        // release: a task of this process that comes meanwhile queues and
+        // goes to Redis once the key is free, at the same time as the other
+        // processes' waiters hear of it. Were the queue gone, its SET would
+        // follow the release on the same connection and win every time:
+        // the releasing process barging back in.
+        if queue.waiting.is_empty() {
+            return Next::Release { spent: false };
+        }
+        let Some(mut lease) = lease() else {
+            return Next::Release { spent: false };
+        };
+        let within = queue.handoffs < budget.handoffs
+            && queue.taken.is_some_and(|t| t.elapsed() < budget.hold);
+        if !within {
+            return Next::Release { spent: true };
+        }
+        while let Some(next) = queue.waiting.pop_front() {
+            let owner = next_owner(owners);
+            match next.send(Handoff::Lease(lease, owner)) {
+                Ok(()) => {
+                    queue.owner = owner;
+                    queue.holder = None;
+                    queue.handoffs += 1;
+                    return Next::HandedOver;
+                }
+                // That waiter gave up; try the one behind it.
+                Err(Handoff::Lease(back, _)) => lease = back,
+                Err(Handoff::Free { .. }) => return Next::Release { spent: false },
+            }
+        }
+        // Every waiter had given up.
+        Next::Release { spent: false }
+    }
+
+    /// `owner` is done with the key (released in Redis, or never acquired):
+    /// gives the next waiter its turn, or ends the queue. A task that comes
+    /// after a budget ran out waits `after` first.
+    pub(crate) fn pass_front(&self, key: &str, owner: Owner, after: Duration) {
+        let mut shard = self.lock(key);
+        let Shard { queues, owners } = &mut *shard;
+        let Some(queue) = queues.get_mut(key).filter(|queue| queue.owner == owner) else {
+            return;
+        };
+        queue.holder = None;
+        while let Some(next) = queue.waiting.pop_front() {
+            let owner = next_owner(owners);
+            if next.send(Handoff::Free { after, owner }).is_ok() {
+                queue.owner = owner;
+                return;
+            }
+        }
+        queues.remove(key);
+    }
+}
+
+/// A task's place at the front of its key's queue while it acquires; passes
+/// it on if the acquisition fails or is cancelled.
+pub(crate) struct Front<'a> {
+    queues: &'a Queues,
+    key: &'a str,
+    owner: Owner,
+    armed: bool,
+}
+
+impl<'a> Front<'a> {
+    pub(crate) fn new(queues: &'a Queues, key: &'a str, owner: Owner) -> Front<'a> {
+        Front {
+            queues,
+            key,
+            owner,
+            armed: true,
+        }
+    }
+
+    /// The acquisition succeeded: the guard (holding `lease`) owns the queue
+    /// from now on.
+    pub(crate) fn keep(mut self, lease: &Arc<Lease>, taken: Taken) -> Owner {
+        self.armed = false;
+        self.queues.set_holder(self.key, self.owner, lease, taken);
+        self.owner
+    }
+}
+
+impl Drop for Front<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.queues.pass_front(self.key, self.owner, Duration::ZERO);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handed() -> HandedLease {
+        HandedLease {
+            token: Token::generate(),
+            valid_until: Instant::now() + Duration::from_secs(1),
+        }
+    }
+
+    fn first(queues: &Queues) -> Owner {
+        match queues.join(&"k".into(), true) {
+            Some(Position::Front(owner)) => owner,
+            _ => panic!("expected to be first"),
+        }
+    }
+
+    fn behind(queues: &Queues) -> oneshot::Receiver<Handoff> {
+        match queues.join(&"k".into(), true) {
+            Some(Position::Behind { handoff, .. }) => handoff,
+            _ => panic!("expected to wait"),
+        }
+    }
+
+    fn lease() -> Arc<Lease> {
+        Arc::new(Lease::new(
+            "{k}".into(),
+            1,
+            Token::generate(),
+            None,
+            Duration::from_secs(10),
+            Instant::now() + Duration::from_secs(10),
+            crate::lease::HoldLimits::default(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn first_comer_acquires_and_the_rest_queue_in_order() {
+        let queues = Queues::default();
+        let owner = first(&queues);
+        let second = behind(&queues);
+        let third = behind(&queues);
+        queues.pass_front("k", owner, Duration::ZERO);
+        let Ok(Handoff::Free { owner, .. }) = second.await else {
+            panic!("second gets the front")
+        };
+        queues.pass_front("k", owner, Duration::ZERO);
+        let Ok(Handoff::Free { owner, .. }) = third.await else {
+            panic!("third gets the front")
+        };
+        queues.pass_front("k", owner, Duration::ZERO);
+        first(&queues);
+    }
+
+    #[tokio::test]
+    async fn hand_off_respects_the_budget() {
+        let queues = Queues::default();
+        let budget = HandoffBudget {
+            handoffs: 1,
+            hold: Duration::from_secs(60),
+        };
+        let owner = first(&queues);
+        queues.set_holder("k", owner, &lease(), Taken::FromRedis);
+        let second = behind(&queues);
+        assert!(matches!(
+            queues.hand_off("k", owner, || Some(handed()), budget),
+            Next::HandedOver
+        ));
+        let Ok(Handoff::Lease(_, owner)) = second.await else {
+            panic!("second gets the lease")
+        };
+        queues.set_holder("k", owner, &lease(), Taken::HandedOver);
+        let _third = behind(&queues);
+        // One hand-off used: the next let-go releases for real.
+        assert!(matches!(
+            queues.hand_off("k", owner, || Some(handed()), budget),
+            Next::Release { spent: true }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gave_up_is_skipped() {
+        let queues = Queues::default();
+        let owner = first(&queues);
+        queues.set_holder("k", owner, &lease(), Taken::FromRedis);
+        drop(behind(&queues));
+        let next = behind(&queues);
+        assert!(matches!(
+            queues.hand_off("k", owner, || Some(handed()), HandoffBudget::default()),
+            Next::HandedOver
+        ));
+        assert!(matches!(next.await, Ok(Handoff::Lease(..))));
+    }
+
+    #[test]
+    fn nobody_waiting_means_release_and_the_line_stays_until_passed() {
+        let queues = Queues::default();
+        let owner = first(&queues);
+        queues.set_holder("k", owner, &lease(), Taken::FromRedis);
+        assert!(matches!(
+            queues.hand_off("k", owner, || Some(handed()), HandoffBudget::default()),
+            Next::Release { spent: false }
+        ));
+        // While the release is in flight, a newcomer waits its front.
+        assert!(queues.join(&"k".into(), false).is_none());
+        queues.pass_front("k", owner, Duration::ZERO);
+        assert!(matches!(
+            queues.join(&"k".into(), false),
+            Some(Position::Front(_))
+        ));
+    }
+
+    #[test]
+    fn a_caller_that_will_not_wait_is_not_queued() {
+        let queues = Queues::default();
+        assert!(matches!(
+            queues.join(&"k".into(), false),
+            Some(Position::Front(_))
+        ));
+        assert!(queues.join(&"k".into(), false).is_none());
+    }
+
+    #[test]
+    fn a_holder_whose_lease_is_lost_is_overtaken_and_cannot_disturb_the_line() {
+        let queues = Queues::default();
+        let stale = first(&queues);
+        let lost = lease();
+        queues.set_holder("k", stale, &lost, Taken::FromRedis);
+        lost.mark_lost("test");
+        let fresh = first(&queues);
+        assert_ne!(fresh, stale);
+        let _waiter = behind(&queues);
+        queues.pass_front("k", stale, Duration::ZERO);
+        assert!(matches!(
+            queues.hand_off("k", stale, || Some(handed()), HandoffBudget::default()),
+            Next::NotFirst
+        ));
+        assert!(
+            queues.join(&"k".into(), false).is_none(),
+            "the fresh owner is still first"
+        );
+        assert_eq!(queues.replace_lost_holder("k", stale), None);
+        assert!(queues.replace_lost_holder("k", fresh).is_some());
+    }
+}

@@ -1,0 +1,160 @@
+//! What a client is: the state its clones share, and the release that runs
+//! in the background when nobody can wait for it.
+
+use crate::backend::{Backend, Wakeups};
+use crate::backoff::Backoff;
+use crate::error::{ErrorKind, LockError};
+use crate::heartbeat::Heartbeat;
+use crate::lease::MAX_KEY_LEN;
+use crate::queue::{HandoffBudget, Queues};
+use crate::token::Token;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A connection to where the locks live, shared by every task of a process.
+///
+/// Build one at startup with [`LockClient::builder`], then either install it
+/// with [`set_global_client`](crate::set_global_client) or pass it (by
+/// reference, `Arc` or clone: clones share one connection) to the code that
+/// locks. It is `Send + Sync`, and it keeps working when the tokio runtime it
+/// was built on has ended and another one uses it.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use std::time::Duration;
+///
+/// let client = lock_core::LockClient::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .key_prefix("myapp:lock:")
+///     .build()
+///     .await?;
+/// let guard = client.lock("order:42", Duration::from_secs(30)).await?;
+/// // ... only one holder across the fleet runs this ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+/// What every clone of a client shares.
+pub(crate) struct ClientInner {
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) op_timeout: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) heartbeat: Arc<Heartbeat>,
+    pub(crate) queues: Queues,
+    pub(crate) handoff: HandoffBudget,
+    pub(crate) wakeups: Wakeups,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend.describe())
+            .field("prefix", &self.inner.prefix)
+            .field("default_ttl", &self.inner.default_ttl)
+            .field("default_wait", &self.inner.default_wait)
+            .field("operation_timeout", &self.inner.op_timeout)
+            .finish()
+    }
+}
+
+/// The settings every client has, whatever its backend.
+pub(crate) struct Settings {
+    pub(crate) prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) op_timeout: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) handoff: HandoffBudget,
+}
+
+impl LockClient {
+    /// The client for checked settings and a backend.
+    pub(crate) fn assemble(settings: Settings, backend: Backend) -> LockClient {
+        let wakeups = backend.wakeups();
+        LockClient {
+            inner: Arc::new(ClientInner {
+                backend: Arc::new(backend),
+                queues: Queues::default(),
+                handoff: settings.handoff,
+                wakeups,
+                prefix: settings.prefix,
+                default_ttl: settings.default_ttl,
+                default_wait: settings.default_wait,
+                op_timeout: settings.op_timeout,
+                backoff: settings.backoff,
+                heartbeat: Arc::new(Heartbeat::new(settings.op_timeout)),
+            }),
+        }
+    }
+}
+
+impl ClientInner {
+    /// The Redis key a lock named `key` is stored under: the prefix, then the
+    /// key inside braces (a hash tag, so the lock and its fence counter share
+    /// a Redis Cluster slot).
+    pub(crate) fn storage_key(&self, key: &str) -> Result<String, LockError> {
+        let len = self.storage_key_len(key)?;
+        let mut out = String::with_capacity(len);
+        out.push_str(&self.prefix);
+        out.push('{');
+        out.push_str(key);
+        out.push('}');
+        Ok(out)
+    }
+
+    /// [`storage_key`](Self::storage_key) as shared text: the lease and the
+    /// process's wait queue for the key share it.
+    pub(crate) fn shared_storage_key(&self, key: &str) -> Result<Arc<str>, LockError> {
+        self.storage_key(key).map(Arc::from)
+    }
+
+    /// The length of the storage key of `key`, or why `key` is not valid.
+    fn storage_key_len(&self, key: &str) -> Result<usize, LockError> {
+        if key.is_empty() {
+            return Err(
+                LockError::new(ErrorKind::InvalidKey).with_message("a lock key must not be empty")
+            );
+        }
+        let len = self.prefix.len() + key.len() + 2;
+        if len > MAX_KEY_LEN {
+            return Err(LockError::new(ErrorKind::InvalidKey).with_message(format!(
+                "the key is {len} bytes with its prefix; the limit is {MAX_KEY_LEN}"
+            )));
+        }
+        Ok(len)
+    }
+}
+
+/// Releases a lock in the background, bounded by the operation timeout; does
+/// nothing outside a tokio runtime (the lease then simply expires). With
+/// `keep_for` (a `min_hold` not yet over) the lease is shortened to that
+/// instead.
+pub(crate) fn spawn_release(
+    inner: Arc<ClientInner>,
+    storage_key: Arc<str>,
+    token: Token,
+    keep_for: Option<Duration>,
+) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            let limit = inner.op_timeout;
+            let _ = match keep_for {
+                Some(keep_for) => {
+                    inner
+                        .backend
+                        .set_ttl(&storage_key, &token, keep_for, limit)
+                        .await
+                }
+                None => inner.backend.release(&storage_key, &token, limit).await,
+            };
+        });
+    }
+}
