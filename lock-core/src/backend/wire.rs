@@ -48,10 +48,9 @@ const READ_CHUNK: usize = 16 * 1024;
 /// many tasks on one connection, waiting for every task that runs to queue
 /// its command sends the commands of a whole wave of replies in one write:
 /// the server idles while the client works through the wave, then the
-/// client while the server does. Writing every kilobyte keeps both busy:
-/// W2 (64 tasks, 2 cores) measured 1.0-1.2 × the minimum this way against
-/// 0.8-0.85 × when waiting for the yield, and 256 B to 1.5 KiB all did
-/// about as well.
+/// client while the server does. Writing every kilobyte keeps both busy
+/// (lock-bench's W2 row shows the effect; its README says how it was
+/// chosen).
 const FLUSH_AT: usize = 1024;
 
 /// Buffers grown past this by an unusually long command or reply are given
