@@ -291,6 +291,13 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
                 poller.poll(op, polls).await.is_some()
             };
             assert!(!guard.is_lost(), "a cancelled extend lost the lock");
+            // Once polled, the extension to a shorter ttl may have reached
+            // the server: the guard no longer vouches for more than that.
+            assert!(
+                polls == 0 || guard.remaining() <= Duration::from_secs(20),
+                "a cancelled shortening left the guard trusting {:?}",
+                guard.remaining()
+            );
             assert!(
                 guard.release().await.unwrap(),
                 "still ours after a cancelled extend"

@@ -144,6 +144,11 @@ impl LockGuard {
         let (backend, key, token) = (&self.client.backend, &*lease.storage_key, &lease.token);
         // A renewal never shortens the lease: a shorter ttl is set exactly.
         let answer = if ttl < lease.ttl() {
+            // Trusted no longer than the new ttl from the moment it is sent:
+            // should the answer be lost, or this future dropped, the server
+            // may have shortened the key all the same.
+            lease.shortened(sent, ttl);
+            self.renew_from(sent, ttl);
             backend.set_ttl(key, token, ttl, limit).await
         } else {
             backend.renew(key, token, ttl, limit).await
@@ -154,11 +159,7 @@ impl LockGuard {
                 // The next renewal comes a third of the new ttl from now:
                 // after an extension to a shorter ttl, the old schedule
                 // would come too late.
-                if let Some(enrolment) = self.heartbeat {
-                    self.client
-                        .heartbeat
-                        .reschedule(enrolment, renewal_due(sent, ttl));
-                }
+                self.renew_from(sent, ttl);
                 Ok(())
             }
             Ok(false) => {
@@ -166,6 +167,15 @@ impl LockGuard {
                 Err(LockError::lost(self.key()))
             }
             Err(e) => Err(e.with_key(self.key())),
+        }
+    }
+
+    /// Moves the next renewal to a third of `ttl` after `sent`.
+    fn renew_from(&self, sent: Instant, ttl: Duration) {
+        if let Some(enrolment) = self.heartbeat {
+            self.client
+                .heartbeat
+                .reschedule(enrolment, renewal_due(sent, ttl));
         }
     }
 
@@ -186,6 +196,9 @@ impl LockGuard {
                 Next::HandedOver => {
                     self.stage = Stage::Done;
                     self.first_in_queue = false;
+                    // This guard's lease is over; waiters still watching it
+                    // must not take its validity deadline for a loss.
+                    lease.retire();
                     observe::released(self.key(), lease.acquired, true);
                     return Ok(true);
                 }
@@ -286,6 +299,7 @@ impl LockGuard {
         let (release, spent) = match self.hand_off() {
             Next::HandedOver => {
                 self.first_in_queue = false;
+                self.lease.retire();
                 (false, false)
             }
             Next::NotFirst => {

@@ -155,6 +155,18 @@ impl Lease {
         *until = self.max_until.map_or(end, |max| end.min(max));
     }
 
+    /// Records that the lease is being shortened to `ttl` by a command sent
+    /// at `sent`: from now on it is trusted no longer than that, whatever
+    /// the answer.
+    pub(crate) fn shortened(&self, sent: Instant, ttl: Duration) {
+        self.ttl_ms.store(
+            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+        let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
+        *until = (*until).min(validity_end(sent, ttl));
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
         if self.lost.load(Ordering::Acquire) {
             return true;
