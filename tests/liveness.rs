@@ -107,17 +107,35 @@ async fn lock_futures_dropped_after_one_poll_leave_no_key_held() {
     let server = RedisServer::start();
     let client = client_at(server.url()).await;
     let ttl = Duration::from_secs(30);
+    let sets_before = set_calls(&server);
     for i in 0..20 {
         let key = format!("k{i}");
         let mut lock = pin!(client.lock(&key, ttl));
         assert!(poll_once(lock.as_mut()).await, "the SET is in flight");
     }
+    eventually(
+        Duration::from_secs(5),
+        "the 20 SETs reach the server",
+        || set_calls(&server) >= sets_before + 20,
+    )
+    .await;
     eventually(Duration::from_secs(5), "every key is released", || {
         (0..20).all(|i| !server.cmd::<bool>(&["EXISTS", &storage_key(&format!("k{i}"))]))
     })
     .await;
     assert_eq!(client.queued_keys(), 0);
     assert_eq!(client.heartbeats_running(), 0);
+}
+
+/// How many `SET` commands `server` has run.
+fn set_calls(server: &RedisServer) -> u64 {
+    let stats: String = server.cmd(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -344,40 +362,36 @@ async fn a_frozen_redlock_server_costs_a_contended_wait_at_most_its_node_timeout
 /// The tokens of the `SET ... NX` commands for `key` that `server` runs
 /// while `during` runs, seen through `MONITOR`.
 async fn tokens_sent<F: Future>(server: &RedisServer, key: &str, during: F) -> Vec<String> {
+    const MARKER: &str = "end-of-tokens-sent";
     let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    conn.set_read_timeout(Some(Duration::from_millis(200)))
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     conn.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
         .unwrap();
     let _ok: redis::Value = conn.recv_response().unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let stop = stop.clone();
-        let quoted = format!("\"{key}\"");
-        std::thread::spawn(move || {
-            let mut tokens = Vec::new();
-            loop {
-                // Once told to stop, read on until nothing more comes: what
-                // the commands sent put in the stream is all in by then.
-                let line = match conn.recv_response() {
-                    Ok(redis::Value::SimpleString(line)) => line,
-                    Ok(_) => continue,
-                    Err(_) if stop.load(std::sync::atomic::Ordering::Acquire) => break,
-                    Err(_) => continue,
-                };
-                let words: Vec<&str> = line.split_whitespace().skip(3).collect();
-                if words.first() == Some(&"\"SET\"") && words.get(1) == Some(&quoted.as_str()) {
-                    tokens.push(words[2].trim_matches('"').to_owned());
-                }
+    let quoted = format!("\"{key}\"");
+    let watcher = std::thread::spawn(move || {
+        let mut tokens = Vec::new();
+        // Until the marker the test sends last: every command sent before
+        // it is in the stream by then.
+        loop {
+            let Ok(redis::Value::SimpleString(line)) = conn.recv_response() else {
+                panic!("MONITOR stopped before the marker");
+            };
+            if line.contains(MARKER) {
+                return tokens;
             }
-            tokens
-        })
-    };
+            let words: Vec<&str> = line.split_whitespace().skip(3).collect();
+            if words.first() == Some(&"\"SET\"") && words.get(1) == Some(&quoted.as_str()) {
+                tokens.push(words[2].trim_matches('"').to_owned());
+            }
+        }
+    });
     during.await;
-    stop.store(true, std::sync::atomic::Ordering::Release);
+    let _: String = server.cmd(&["ECHO", MARKER]);
     watcher.join().unwrap()
 }
 
@@ -401,4 +415,36 @@ async fn every_attempt_sends_a_token_of_its_own() {
         tokens.len(),
         "a token was sent twice: {tokens:?}"
     );
+}
+
+#[tokio::test]
+async fn a_frozen_redlock_server_does_not_slow_many_cycles_down() {
+    let trio = Trio::start();
+    // Long enough that the calls to the frozen server pile up in the
+    // background faster than they time out.
+    let node_timeout = Duration::from_millis(500);
+    let client = LockClient::builder()
+        .urls(trio.servers.iter().map(RedisServer::url))
+        .key_prefix(PREFIX)
+        .node_timeout(node_timeout)
+        .build()
+        .await
+        .unwrap();
+    client.ping().await.unwrap();
+    let _frozen = trio.servers[2].pause();
+    let started = Instant::now();
+    for i in 0..400 {
+        let cycle = Instant::now();
+        let guard = client
+            .lock(&format!("k{i}"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(guard.release().await.unwrap());
+        let took = cycle.elapsed();
+        assert!(
+            took < node_timeout,
+            "cycle {i} waited for the frozen server: {took:?}"
+        );
+    }
+    println!("400 cycles with one server frozen: {:?}", started.elapsed());
 }

@@ -57,6 +57,7 @@ impl LockClient {
         let fence_key = options.fencing.then(|| fence_key(&storage_key));
         let started = Instant::now();
         let deadline = started + wait;
+        let call_bound = inner.backend.call_bound(ttl, inner.op_timeout);
         Ok(Request {
             key,
             key_start: inner.prefix.len() + 1,
@@ -67,7 +68,8 @@ impl LockClient {
             holds: options.holds,
             started,
             deadline,
-            end: deadline + inner.backend.call_bound(ttl, inner.op_timeout),
+            call_bound,
+            end: deadline + call_bound,
         })
     }
 
@@ -256,13 +258,15 @@ impl LockClient {
 
     /// The error for a wait that ran out: `Contended`, unless the key is not
     /// a lock at all (checked only on this failure path, and only within
-    /// what is left of the acquisition's bound).
+    /// what is left of the acquisition's bound: when that is less than half
+    /// a call's bound, the check is left out rather than cut so short that
+    /// its timeout would take a healthy connection for a dead one).
     async fn contended_or_foreign(&self, request: &Request<'_>) -> LockError {
         let inner = &self.inner;
         let waited = request.started.elapsed();
         let limit = request.limit(inner.op_timeout);
         let storage_key = &request.storage_key;
-        if limit > Duration::ZERO
+        if limit >= request.call_bound / 2
             && let Some(kind) = inner
                 .backend
                 .foreign_type(storage_key, request.ttl, limit)
@@ -296,6 +300,8 @@ struct Request<'k> {
     started: Instant,
     /// When the wait runs out: no attempt starts later.
     deadline: Instant,
+    /// How long one call may wait on the servers.
+    call_bound: Duration,
     /// The deadline plus one call's bound: nothing waits on Redis past it.
     end: Instant,
 }

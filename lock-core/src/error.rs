@@ -315,17 +315,18 @@ impl fmt::Display for QuorumFailure {
 
 impl StdError for QuorumFailure {}
 
-/// Classifies a Redis error: connection trouble is `Unavailable`, an error
-/// the server answered with is `Server`.
-///
-/// A refusal by an ACL (`NOPERM`, also from a command inside a script) says
-/// which permission is missing and how to grant it; a failed login says to
-/// check the credentials.
 /// Error codes a server answers while it cannot serve for a moment: waiting
 /// helps, so they count as [`ErrorKind::Unavailable`] (retried within an
 /// acquisition's wait, and by the heartbeat), not as a final answer.
 const PASSING: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"];
 
+/// Classifies a Redis error: connection trouble, and a server that cannot
+/// serve for a moment, is `Unavailable`; an error the server answered with
+/// is `Server`.
+///
+/// A refusal by an ACL (`NOPERM`, also from a command inside a script) says
+/// which permission is missing and how to grant it; a failed login says to
+/// check the credentials.
 pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
     const LOCK_CLIENT_ACL: &str = "+set +get +del +pexpire +pttl +incr +evalsha +script|load \

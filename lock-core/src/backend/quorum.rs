@@ -7,15 +7,15 @@
 //!    each bounded by the per-server timeout, so a server that is down or
 //!    slow costs at most that timeout.
 //! 3. The lock is ours if a majority (`N/2 + 1`) granted it and time is
-//!    left: `ttl - elapsed - (ttl * 1% + 2 ms) > 0`. Without fencing this
-//!    is decided as soon as a majority has granted: the calls to the other
+//!    left: `ttl - elapsed - (ttl * 1% + 2 ms) > 0`. This is decided as
+//!    soon as a majority has granted: the calls to the other
 //!    servers finish in the background (see [`until_majority`]), so a lock
 //!    costs the round trip of the majority's slowest server, not of the
 //!    slowest of all. An attempt that can no longer win (more servers said
 //!    no than a majority allows) is decided as soon as that is known, too.
 //! 4. Otherwise release it on *every* server, including those that did not
-//!    answer (their `SET` may have been applied), in the background, and
-//!    report `Busy` when the servers that answered were held by others, or
+//!    answer (their `SET` may have been applied), waiting only until a
+//!    majority answered, and report `Busy` when the servers that answered were held by others, or
 //!    `Unavailable` when too few answered to decide. Every attempt sends a
 //!    token of its own, so a late undo cannot delete a later attempt's key.
 //!
@@ -33,8 +33,9 @@
 //! counter in one majority can be below that in another. With fencing on:
 //!
 //! 1. Each server runs one script: `SET NX PX`, and on success `INCR` its
-//!    fence counter. The token is `T = max` over the servers that granted.
-//! 2. On each granting server, a second script raises the counter to at
+//!    fence counter. The token is `T = max` over the majority whose grants
+//!    decided the attempt (a server that grants later is not counted).
+//! 2. On each of those servers, a second script raises the counter to at
 //!    least `T`, only while our key still holds our token there.
 //! 3. The acquisition stands only if that lift succeeded on a majority
 //!    within the validity window; otherwise it is released and retried.
@@ -67,15 +68,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How many calls may be left running in the background (per client) before
-/// operations wait for every server again: a server that stops answering
-/// then slows operations down to its timeout, as it did before, instead of
-/// having calls pile up on it without bound.
+/// How many calls may be left running in the background (per client):
+/// past that, the calls an operation no longer needs are dropped instead, so
+/// that a server that stops answering cannot have calls pile up on it
+/// without bound, nor slow every operation down to its timeout. Dropping is
+/// safe: each such call only concerns a minority of the servers (a lock they
+/// keep expires with its ttl).
 const MAX_BACKGROUND: usize = 256;
-
-/// For [`until_majority`]: no number of yes answers is enough, wait for
-/// every answer.
-const EVERY_ANSWER: usize = usize::MAX;
 
 /// The shortest default per-server timeout.
 const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -128,14 +127,11 @@ impl Quorum {
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let per_node = self.node_timeout(ttl, limit);
-        // Without fencing nothing more is needed from the servers that
-        // answer after a majority granted; the fence is the highest counter
-        // of all that grant.
-        let wait_for = if keys.fence.is_none() {
-            self.majority()
-        } else {
-            EVERY_ANSWER
-        };
+        // Nothing more is needed from the servers that answer after a
+        // majority granted. With fencing, the token is the highest counter
+        // of the majority that granted: any later majority meets it on a
+        // server whose counter was lifted to it (see the module docs).
+        let wait_for = self.majority();
         let (lock, fence_key): (Arc<str>, Option<Arc<str>>) =
             (keys.lock.into(), keys.fence.map(Into::into));
         let calls = self.each_node(|nodes, i| {
@@ -188,10 +184,10 @@ impl Quorum {
                 return Ok(Attempt::Granted { fence: Some(fence) });
             }
         }
-        // Not ours: undo everywhere, the silent servers included, without
-        // waiting for it: every attempt has a token of its own, so a late
-        // undo can never delete a later attempt's key.
-        self.release_on(keys.lock, token, per_node, Wait::Nothing)
+        // Not ours: undo everywhere, the silent servers included, waiting
+        // only until a majority has answered: every attempt has a token of
+        // its own, so a late undo can never delete a later attempt's key.
+        self.release_on(keys.lock, token, per_node, Wait::Answered)
             .await
             .ok();
         if tally.granted + tally.busy < tally.needed {
@@ -360,16 +356,19 @@ impl Quorum {
         wait: Wait,
     ) -> Result<bool, LockError> {
         let per_node = self.node_timeout.unwrap_or(limit).min(limit);
-        let wait_for = match wait {
-            Wait::Majority => self.majority(),
-            Wait::Nothing => 0,
-        };
         let key: Arc<str> = key.into();
         let calls = self.each_node(|nodes, i| {
             let (key, token) = (key.clone(), token.clone());
             async move { nodes[i].release(&key, &token, per_node).await }
         });
-        let answers = until_majority(calls, wait_for, &self.background, said).await;
+        let needed = self.majority();
+        let answers = match wait {
+            Wait::Majority => until_majority(calls, needed, &self.background, said).await,
+            Wait::Answered => {
+                let answered = |answer: &Result<bool, LockError>| answer.is_ok().then_some(true);
+                until_majority(calls, needed, &self.background, answered).await
+            }
+        };
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(true)
@@ -432,8 +431,8 @@ fn said(answer: &Result<bool, LockError>) -> Option<bool> {
 enum Wait {
     /// Until a majority released (or can no longer release).
     Majority,
-    /// For nothing: the releases run in the background.
-    Nothing,
+    /// Until a majority answered, whatever they said.
+    Answered,
 }
 
 impl Quorum {
@@ -463,9 +462,8 @@ impl Quorum {
 }
 
 /// Runs `calls` (one per server, in server order) until `needed` of them
-/// answered yes ([`EVERY_ANSWER`]: never; 0: at once), until so many
-/// answered no that `needed` yes answers can no longer come, or until all
-/// answered. `vote` reads an answer: yes, no, or `None` for a failed call.
+/// answered yes, until so many answered no that `needed` yes answers can no
+/// longer come, or until all answered. `vote` reads an answer: yes, no, or `None` for a failed call.
 /// The answers come back in server order, `None` for a call not waited for.
 ///
 /// A Redlock operation is decided by the majority that answers first, so a
@@ -474,7 +472,7 @@ impl Quorum {
 /// still reach the servers, and a server that does not answer still runs
 /// into its timeout, which replaces its connection. With
 /// [`MAX_BACKGROUND`] calls already left running (`background` counts
-/// them), it waits for every answer instead.
+/// them), the calls still running are dropped instead.
 async fn until_majority<T, F>(
     calls: Vec<F>,
     needed: usize,
@@ -498,8 +496,7 @@ where
     let most_no = answers.len().checked_sub(needed);
     let (mut yeses, mut noes) = (0, 0);
     loop {
-        let decided = yeses >= needed || most_no.is_some_and(|most| noes > most);
-        if decided && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
+        if yeses >= needed || most_no.is_some_and(|most| noes > most) {
             break;
         }
         let Some((i, answer)) = pending.next().await else {
@@ -516,7 +513,7 @@ where
     while let Some(Some((i, answer))) = pending.next().now_or_never() {
         answers[i] = Some(answer);
     }
-    if !pending.is_empty() {
+    if !pending.is_empty() && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
         let left = pending.len();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -632,21 +629,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn with_too_many_calls_in_the_background_it_waits_for_every_answer() {
+    async fn with_too_many_calls_in_the_background_the_rest_are_dropped() {
         let background = Arc::new(AtomicUsize::new(MAX_BACKGROUND));
         let (senders, calls) = calls();
         let mut senders = senders.into_iter();
         for tx in senders.by_ref().take(3) {
             tx.send(true).unwrap();
         }
-        let mut waiting = std::pin::pin!(until_majority(calls, 3, &background, |&yes| Some(yes)));
-        let early = tokio::time::timeout(Duration::from_millis(50), &mut waiting).await;
-        assert!(early.is_err(), "returned with two calls unanswered");
+        let decided = until_majority(calls, 3, &background, |&yes| Some(yes));
+        let answers = tokio::time::timeout(Duration::from_secs(5), decided)
+            .await
+            .expect("waited for the calls not answered");
+        assert_eq!(
+            answers.iter().map(Option::is_some).collect::<Vec<_>>(),
+            [true, true, true, false, false]
+        );
+        // Not left running: their receivers are gone.
         for tx in senders {
-            tx.send(false).unwrap();
+            assert!(tx.send(false).is_err(), "a call was kept");
         }
-        let answers = waiting.await;
-        assert!(answers.iter().all(Option::is_some));
         assert_eq!(background.load(Ordering::Relaxed), MAX_BACKGROUND);
     }
 
