@@ -1,116 +1,66 @@
-//! The behaviour users rely on, defined once and run against a real
-//! `redis-server`, a 3-primary Redis Cluster and the in-memory backend, so
-//! they cannot drift apart.
+//! The behaviour users rely on, defined once and run on every backend: a
+//! real `redis-server`, a 3-primary Redis Cluster, Redlock over three
+//! independent servers, and the in-memory store, so they cannot drift apart.
 //!
 //! Each case gets two clients on one backend (`a` and `b`), like two
 //! processes of a service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{ErrorKind, LockClient, LockError, LockOptions, MemoryStore};
-use lock_testkit::{RedisCluster, RedisServer};
+mod support;
+
+use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use support::{Backend, client_with, slow_backoff};
 use tokio::time::Instant;
 
 struct Fixture {
     a: LockClient,
     b: LockClient,
-    _server: Option<RedisServer>,
-    _cluster: Option<RedisCluster>,
+    // Keeps the servers running.
+    _backend: Backend,
 }
 
-async fn on_redis() -> Fixture {
-    let server = RedisServer::start();
-    let client = |backoff| {
-        LockClient::builder()
-            .url(server.url())
-            .key_prefix("behaviour:")
-            .backoff(backoff)
-            .build()
+impl Fixture {
+    async fn on(backend: Backend) -> Fixture {
+        let settings = || LockClient::builder().key_prefix("behaviour:");
+        Fixture {
+            a: client_with(&backend, settings()).await,
+            // Another process, whose slow backoff shows whether it hears a
+            // release.
+            b: client_with(&backend, settings().backoff(slow_backoff())).await,
+            _backend: backend,
+        }
+    }
+}
+
+/// `mod $backend` with one test per case, each on a fresh
+/// `Backend::$backend()`.
+macro_rules! on_backend {
+    ($backend:ident: $($case:ident),*) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture = super::Fixture::on(super::Backend::$backend()).await;
+                    super::cases::$case(fixture).await;
+                }
+            )*
+        }
     };
-    Fixture {
-        a: client(lock_core::Backoff::default()).await.unwrap(),
-        b: client(slow_backoff()).await.unwrap(),
-        _server: Some(server),
-        _cluster: None,
-    }
 }
 
-async fn on_cluster() -> Fixture {
-    let cluster = RedisCluster::start(3, 0);
-    let client = |backoff| {
-        LockClient::builder()
-            .cluster(cluster.urls())
-            .key_prefix("behaviour:")
-            .backoff(backoff)
-            .build()
-    };
-    Fixture {
-        a: client(lock_core::Backoff::default()).await.unwrap(),
-        b: client(slow_backoff()).await.unwrap(),
-        _server: None,
-        _cluster: Some(cluster),
-    }
-}
-
-async fn in_memory() -> Fixture {
-    let store = MemoryStore::new();
-    Fixture {
-        a: LockClient::builder()
-            .in_memory(&store)
-            .key_prefix("behaviour:")
-            .build()
-            .await
-            .unwrap(),
-        // Same store: `b` stands for another process.
-        b: LockClient::builder()
-            .in_memory(&store)
-            .key_prefix("behaviour:")
-            .backoff(slow_backoff())
-            .build()
-            .await
-            .unwrap(),
-        _server: None,
-        _cluster: None,
-    }
-}
-
-/// A backoff so slow that only a release wake-up gets a waiter in quickly.
-fn slow_backoff() -> lock_core::Backoff {
-    lock_core::Backoff::new(Duration::from_secs(5), Duration::from_secs(5))
-}
-
-macro_rules! behaviour {
+macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
-        mod redis_server {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::on_redis().await).await;
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::on_cluster().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::in_memory().await).await;
-                }
-            )*
-        }
+        on_backend!(server: $($case),*);
+        on_backend!(cluster: $($case),*);
+        on_backend!(redlock: $($case),*);
+        on_backend!(memory: $($case),*);
     };
 }
 
-behaviour!(
+on_every_backend!(
     only_one_holder_at_a_time,
     try_lock_on_a_held_key_returns_none,
     the_wait_deadline_is_honoured,
