@@ -4,10 +4,13 @@
 //! `SUBSCRIBE`, waits by polling instead).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use lock_testkit::RedisServer;
 use std::collections::HashMap;
 use std::time::Duration;
+use support::{eventually, subscribers};
 use tokio::time::{Instant, timeout};
 
 const PREFIX: &str = "acl:lock:";
@@ -114,15 +117,6 @@ fn denials(server: &RedisServer) -> Vec<Denial> {
         .collect()
 }
 
-/// Polls `check` until it holds, failing after [`BOUND`].
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < BOUND, "not within {BOUND:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Asserts `err` is a `Server` error explaining a denied permission, and
 /// that its text contains `needle`. Returns the text.
 fn assert_denied(err: &LockError, needle: &str) -> String {
@@ -164,10 +158,11 @@ async fn the_documented_acl_runs_every_case_without_a_denial() {
         assert!(guard.release().await.unwrap());
         b
     });
-    eventually("the waiter subscribes to the release channel", || {
-        let numsub: (String, i64) = server.cmd(&["PUBSUB", "NUMSUB", &storage_key]);
-        numsub.1 >= 1
-    })
+    eventually(
+        BOUND,
+        "the waiter subscribes to the release channel",
+        || subscribers(&server, &storage_key) >= 1,
+    )
     .await;
     assert!(guard.release().await.unwrap());
     let b = timeout(BOUND, waiter).await.unwrap().unwrap();
@@ -348,7 +343,7 @@ async fn without_subscribe_waiting_falls_back_to_polling() {
         guard.release().await.unwrap()
     });
     // The waiter asked for wake-ups and was refused...
-    eventually("the waiter's SUBSCRIBE is refused", || {
+    eventually(BOUND, "the waiter's SUBSCRIBE is refused", || {
         denials(&server)
             .iter()
             .any(|d| d.object == "subscribe" && d.username == "no-subscribe")

@@ -9,6 +9,8 @@
 //! as generous upper bounds.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use futures::FutureExt;
 use lock_core::{LockClient, LockError, LockInfo, LockOptions, current_lock, distributed_lock};
 use lock_testkit::RedisServer;
@@ -17,6 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::{client_for, storage_key};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout};
 
@@ -25,20 +28,6 @@ const PREFIX: &str = "attr:";
 /// A generous bound for anything that should take milliseconds, on a loaded
 /// two-core machine.
 const PROMPTLY: Duration = Duration::from_secs(2);
-
-async fn connect(server: &RedisServer) -> LockClient {
-    LockClient::builder()
-        .url(server.url())
-        .key_prefix(PREFIX)
-        .build()
-        .await
-        .unwrap()
-}
-
-/// The Redis key of the lock `key` (see `LockClient::storage_key`).
-fn storage_key(key: &str) -> String {
-    format!("{PREFIX}{{{key}}}")
-}
 
 /// Whether `key` is free right now: one attempt from another owner.
 async fn is_free(observer: &LockClient, key: &str) -> bool {
@@ -123,17 +112,26 @@ async fn charge(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ok_return_releases_before_returning() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     assert_eq!(charge(&client, &observer, 1, "250").await.unwrap(), 250);
     assert!(is_free(&observer, "order:1").await);
-    assert_eq!(server.cmd::<i64>(&["EXISTS", &storage_key("order:1")]), 0);
+    assert_eq!(
+        server.cmd::<i64>(&["EXISTS", &storage_key(PREFIX, "order:1")]),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn err_return_releases_before_returning() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let err = charge(&client, &observer, 2, "0").await.unwrap_err();
     assert!(matches!(err, AppError::Rejected(2)), "{err:?}");
@@ -143,7 +141,10 @@ async fn err_return_releases_before_returning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn question_mark_converts_and_releases_before_returning() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let err = charge(&client, &observer, 3, "not a number")
         .await
@@ -167,7 +168,10 @@ async fn panics(client: &LockClient, observer: &LockClient, id: u32) -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panic_releases_and_continues_to_the_caller() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let payload = AssertUnwindSafe(panics(&client, &observer, 1))
         .catch_unwind()
@@ -200,7 +204,10 @@ async fn hold_forever(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_by_timeout_releases_promptly() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let (started, body_started) = oneshot::channel();
     let outcome = timeout(
@@ -222,7 +229,10 @@ async fn dropped_by_timeout_releases_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_by_select_releases_promptly() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let (started, body_started) = oneshot::channel();
     tokio::select! {
@@ -236,7 +246,10 @@ async fn dropped_by_select_releases_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_task_releases_promptly() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let (started, body_started) = oneshot::channel();
     let task = tokio::spawn(hold_forever(client, "abort", started));
@@ -284,7 +297,10 @@ async fn run_after(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_wait_gives_contended_at_once_in_the_functions_error_type() {
     let server = RedisServer::start();
-    let (first, second) = (connect(&server).await, connect(&server).await);
+    let (first, second) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
     let log = Arc::new(Mutex::new(Vec::new()));
 
     let (started, body_started) = oneshot::channel();
@@ -316,7 +332,10 @@ async fn zero_wait_gives_contended_at_once_in_the_functions_error_type() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_wait_the_second_caller_runs_after_the_first_returns() {
     let server = RedisServer::start();
-    let (first, second) = (connect(&server).await, connect(&server).await);
+    let (first, second) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
     let log = Arc::new(Mutex::new(Vec::new()));
 
     let (started, body_started) = oneshot::channel();
@@ -367,7 +386,10 @@ async fn long_job(client: &LockClient, observer: &LockClient, id: u32) -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_the_lock_for_a_body_longer_than_the_ttl() {
     let server = RedisServer::start();
-    let (client, observer) = (connect(&server).await, connect(&server).await);
+    let (client, observer) = (
+        client_for(&server, PREFIX).await,
+        client_for(&server, PREFIX).await,
+    );
 
     let started = Instant::now();
     let checks = long_job(&client, &observer, 1).await.unwrap();
@@ -401,7 +423,7 @@ async fn steal_from_fragile(
     name: &'static str,
     steal: &[&str],
 ) -> (Result<u32, AppError>, Duration, bool) {
-    let client = connect(server).await;
+    let client = client_for(server, PREFIX).await;
     let dropped = Arc::new(AtomicBool::new(false));
     let (started, body_started) = oneshot::channel();
     let task = tokio::spawn(fragile(client, name, started, dropped.clone()));
@@ -429,7 +451,7 @@ fn assert_lost(result: &Result<u32, AppError>, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_on_lost_stops_the_body_when_the_key_is_deleted() {
     let server = RedisServer::start();
-    let key = storage_key("fragile:deleted");
+    let key = storage_key(PREFIX, "fragile:deleted");
 
     let (result, after, dropped) = steal_from_fragile(&server, "deleted", &["DEL", &key]).await;
     assert_lost(&result, "fragile:deleted");
@@ -440,7 +462,7 @@ async fn abort_on_lost_stops_the_body_when_the_key_is_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_on_lost_stops_the_body_when_the_key_is_overwritten() {
     let server = RedisServer::start();
-    let key = storage_key("fragile:overwritten");
+    let key = storage_key(PREFIX, "fragile:overwritten");
 
     let steal = ["SET", &key, "another-owner", "PX", "60000"];
     let (result, after, dropped) = steal_from_fragile(&server, "overwritten", &steal).await;
@@ -467,7 +489,7 @@ async fn sturdy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continue_on_lost_lets_the_body_finish() {
     let server = RedisServer::start();
-    let client = connect(&server).await;
+    let client = client_for(&server, PREFIX).await;
 
     let (started, body_started) = oneshot::channel();
     let (go_on, go_on_rx) = oneshot::channel();
@@ -475,7 +497,7 @@ async fn continue_on_lost_lets_the_body_finish() {
     body_started.await.unwrap();
     assert_eq!(client.heartbeats_running(), 1);
 
-    let _: () = server.cmd(&["DEL", &storage_key("sturdy:7")]);
+    let _: () = server.cmd(&["DEL", &storage_key(PREFIX, "sturdy:7")]);
     // The heartbeat ends when it finds the lock gone: the loss is noticed.
     let deadline = Instant::now() + PROMPTLY;
     while client.heartbeats_running() > 0 {
@@ -504,7 +526,7 @@ async fn plain(client: &LockClient, id: u32) -> Result<LockInfo, LockError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn current_lock_describes_the_lock_the_body_runs_under() {
     let server = RedisServer::start();
-    let client = connect(&server).await;
+    let client = client_for(&server, PREFIX).await;
 
     assert_eq!(current_lock(), None);
     let first = fenced(&client, 4).await.unwrap();
@@ -535,7 +557,7 @@ async fn inner(client: &LockClient, id: u32) -> Result<String, LockError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nested_calls_see_their_own_lock() {
     let server = RedisServer::start();
-    let client = connect(&server).await;
+    let client = client_for(&server, PREFIX).await;
 
     let seen = outer(&client, 9).await.unwrap();
     assert_eq!(seen, ["outer:9", "inner:9", "outer:9"]);
@@ -559,7 +581,7 @@ impl Tenant {
     #[distributed_lock(key = "tenant:{self.id}:reindex", client = self.locks)]
     async fn reindex(&mut self, server: &RedisServer) -> Result<String, LockError> {
         self.reindexed += 1;
-        let held: i64 = server.cmd(&["EXISTS", &storage_key("tenant:7:reindex")]);
+        let held: i64 = server.cmd(&["EXISTS", &storage_key(PREFIX, "tenant:7:reindex")]);
         assert_eq!(held, 1, "the rendered key is what Redis holds");
         Ok(current_lock().unwrap().key().to_owned())
     }
@@ -583,7 +605,7 @@ async fn bill(client: &LockClient, customer: &Customer, month: u8) -> Result<Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_render_from_parameters_fields_and_self() {
     let server = RedisServer::start();
-    let client = connect(&server).await;
+    let client = client_for(&server, PREFIX).await;
 
     let customer = Customer {
         id: 5,
@@ -641,7 +663,7 @@ async fn shimmed(client: &LockClient, id: u32) -> Result<String, LockError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crate_argument_routes_generated_code_through_the_given_path() {
     let server = RedisServer::start();
-    let client = connect(&server).await;
+    let client = client_for(&server, PREFIX).await;
 
     assert_eq!(shim::__private::RUNS.load(Ordering::SeqCst), 0);
     assert_eq!(shimmed(&client, 1).await.unwrap(), "shimmed:1");

@@ -1,119 +1,69 @@
-//! The behaviour users rely on, defined once and run against a real
-//! `redis-server`, a 3-primary Redis Cluster and the in-memory backend, so
-//! they cannot drift apart.
+//! The behaviour users rely on, defined once and run on every backend: a
+//! real `redis-server`, a 3-primary Redis Cluster, Redlock over three
+//! independent servers, and the in-memory store, so they cannot drift apart.
 //!
 //! Each case gets two clients on one backend (`a` and `b`), like two
 //! processes of a service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{ErrorKind, LockClient, LockError, LockOptions, MemoryStore};
-use lock_testkit::{RedisCluster, RedisServer};
+mod support;
+
+use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use support::{Backend, client_with, slow_backoff, spawn_waiting};
 use tokio::time::Instant;
 
 struct Fixture {
     a: LockClient,
     b: LockClient,
-    _server: Option<RedisServer>,
-    _cluster: Option<RedisCluster>,
+    backend: Backend,
 }
 
-async fn on_redis() -> Fixture {
-    let server = RedisServer::start();
-    let client = |backoff| {
-        LockClient::builder()
-            .url(server.url())
-            .key_prefix("behaviour:")
-            .backoff(backoff)
-            .build()
+impl Fixture {
+    async fn on(backend: Backend) -> Fixture {
+        let settings = || LockClient::builder().key_prefix("behaviour:");
+        Fixture {
+            a: client_with(&backend, settings()).await,
+            // Another process, whose slow backoff shows whether it hears a
+            // release.
+            b: client_with(&backend, settings().backoff(slow_backoff())).await,
+            backend,
+        }
+    }
+}
+
+/// `mod $backend` with one test per case, each on a fresh
+/// `Backend::$backend()`.
+macro_rules! on_backend {
+    ($backend:ident: $($case:ident),*) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture = super::Fixture::on(super::Backend::$backend()).await;
+                    super::cases::$case(fixture).await;
+                }
+            )*
+        }
     };
-    Fixture {
-        a: client(lock_core::Backoff::default()).await.unwrap(),
-        b: client(slow_backoff()).await.unwrap(),
-        _server: Some(server),
-        _cluster: None,
-    }
 }
 
-async fn on_cluster() -> Fixture {
-    let cluster = RedisCluster::start(3, 0);
-    let client = |backoff| {
-        LockClient::builder()
-            .cluster(cluster.urls())
-            .key_prefix("behaviour:")
-            .backoff(backoff)
-            .build()
-    };
-    Fixture {
-        a: client(lock_core::Backoff::default()).await.unwrap(),
-        b: client(slow_backoff()).await.unwrap(),
-        _server: None,
-        _cluster: Some(cluster),
-    }
-}
-
-async fn in_memory() -> Fixture {
-    let store = MemoryStore::new();
-    Fixture {
-        a: LockClient::builder()
-            .in_memory(&store)
-            .key_prefix("behaviour:")
-            .build()
-            .await
-            .unwrap(),
-        // Same store: `b` stands for another process.
-        b: LockClient::builder()
-            .in_memory(&store)
-            .key_prefix("behaviour:")
-            .backoff(slow_backoff())
-            .build()
-            .await
-            .unwrap(),
-        _server: None,
-        _cluster: None,
-    }
-}
-
-/// A backoff so slow that only a release wake-up gets a waiter in quickly.
-fn slow_backoff() -> lock_core::Backoff {
-    lock_core::Backoff::new(Duration::from_secs(5), Duration::from_secs(5))
-}
-
-macro_rules! behaviour {
+macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
-        mod redis_server {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::on_redis().await).await;
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::on_cluster().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::in_memory().await).await;
-                }
-            )*
-        }
+        on_backend!(server: $($case),*);
+        on_backend!(cluster: $($case),*);
+        on_backend!(redlock: $($case),*);
+        on_backend!(memory: $($case),*);
     };
 }
 
-behaviour!(
+on_every_backend!(
     only_one_holder_at_a_time,
     try_lock_on_a_held_key_returns_none,
     the_wait_deadline_is_honoured,
+    tasks_of_one_process_get_the_lock_in_arrival_order,
     renewal_keeps_the_lock_for_several_ttls,
     without_renewal_the_lease_expires_and_is_lost,
     release_after_expiry_leaves_the_new_owner_alone,
@@ -122,6 +72,7 @@ behaviour!(
     extend_to_a_shorter_ttl_shortens_the_lease,
     drop_releases_at_once,
     a_waiter_hears_the_release,
+    invalid_keys_are_rejected_before_anything_is_stored,
     an_annotated_function_runs_under_the_lock,
     min_hold_keeps_the_lock_after_an_early_release,
     max_hold_ends_the_hold_of_a_runaway_holder,
@@ -169,12 +120,14 @@ mod cases {
                 for _ in 0..20 {
                     let guard = client.lock_with("shared", opts(5000)).await.unwrap();
                     most.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
-                    // Read, yield, write: updates are lost unless exclusive.
+                    // Read, pause, write: updates are lost unless exclusive.
+                    // The pause, about a round trip to Redis, gives a second
+                    // holder time to get in, should the lock let one in.
                     let value = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                     counter.store(value + 1, Ordering::SeqCst);
                     inside.fetch_sub(1, Ordering::SeqCst);
-                    assert!(guard.release().await.unwrap());
+                    assert!(guard.release().await.unwrap(), "lock expired mid-section");
                 }
             }));
         }
@@ -188,7 +141,15 @@ mod cases {
     pub async fn try_lock_on_a_held_key_returns_none(fx: Fixture) {
         let held = fx.a.lock("k", Duration::from_secs(5)).await.unwrap();
         let ttl = Duration::from_secs(5);
-        assert!(fx.b.try_lock("k", ttl).await.unwrap().is_none());
+        // Another process, then a task of the holder's own process.
+        for client in [&fx.b, &fx.a] {
+            let started = Instant::now();
+            assert!(client.try_lock("k", ttl).await.unwrap().is_none());
+            assert!(
+                started.elapsed() < Duration::from_millis(500),
+                "one attempt only"
+            );
+        }
         assert!(held.release().await.unwrap());
         let next = fx.b.try_lock("k", ttl).await.unwrap();
         assert!(next.is_some(), "free after release");
@@ -197,17 +158,53 @@ mod cases {
     pub async fn the_wait_deadline_is_honoured(fx: Fixture) {
         let _held = fx.a.lock("k", Duration::from_secs(5)).await.unwrap();
         let wait = Duration::from_millis(300);
-        let started = Instant::now();
-        let err =
-            fx.b.lock_with("k", LockOptions::new(Duration::from_secs(5)).wait(wait))
+        // Another process, then a task of the holder's own process (which
+        // waits in its process's line).
+        for client in [&fx.b, &fx.a] {
+            let started = Instant::now();
+            let err = client
+                .lock_with("k", LockOptions::new(Duration::from_secs(5)).wait(wait))
                 .await
                 .unwrap_err();
-        let took = started.elapsed();
-        assert_eq!(err.kind(), ErrorKind::Contended);
-        assert!(
-            took >= wait && took < wait + Duration::from_millis(400),
-            "{took:?}"
-        );
+            let took = started.elapsed();
+            assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+            assert_eq!(err.key(), Some("k"));
+            assert!(err.waited().unwrap() >= wait, "{err}");
+            assert!(took >= wait, "gave up early after {took:?}");
+            assert!(
+                took < wait + Duration::from_millis(400),
+                "overran: {took:?}"
+            );
+        }
+    }
+
+    pub async fn tasks_of_one_process_get_the_lock_in_arrival_order(fx: Fixture) {
+        let client = Arc::new(fx.a);
+        let held = client.lock("k", Duration::from_secs(10)).await.unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for id in 0..5 {
+            let client = client.clone();
+            let order = order.clone();
+            // Each joins the line before the next one is started.
+            tasks.push(
+                spawn_waiting(async move {
+                    let guard = client.lock_with("k", opts(10_000)).await.unwrap();
+                    order.lock().unwrap().push(id);
+                    guard.release().await.unwrap();
+                })
+                .await,
+            );
+        }
+        // The holder releases and immediately wants the key again: it goes
+        // to the back of the line instead of barging in.
+        assert!(held.release().await.unwrap());
+        let again = client.lock_with("k", opts(10_000)).await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        again.release().await.unwrap();
+        for task in tasks {
+            task.await.unwrap();
+        }
     }
 
     pub async fn renewal_keeps_the_lock_for_several_ttls(fx: Fixture) {
@@ -228,10 +225,13 @@ mod cases {
             fx.a.lock_with("k", LockOptions::new(ttl).renew(false))
                 .await
                 .unwrap();
+        assert_eq!(fx.a.heartbeats_running(), 0, "nothing renews it");
         let started = Instant::now();
         tokio::time::timeout(ttl * 3, guard.lost())
             .await
             .expect("loss not signalled");
+        assert!(guard.is_lost());
+        assert_eq!(guard.remaining(), Duration::ZERO);
         // The holder stops trusting the lease a little before the store
         // expires it (the clock drift allowance): the next owner gets in
         // right after that (here a task of the same process, which the
@@ -265,18 +265,40 @@ mod cases {
     }
 
     pub async fn fencing_tokens_increase_across_holders(fx: Fixture) {
-        let mut last = 0;
-        for i in 0..10 {
-            let client = if i % 2 == 0 { &fx.a } else { &fx.b };
-            let guard = client
-                .lock_with("fenced", opts(5000).fencing(true))
-                .await
-                .unwrap();
-            let token = guard.fencing_token().unwrap();
-            assert!(token > last, "{token} after {last}");
-            last = token;
-            guard.release().await.unwrap();
+        let clients = [Arc::new(fx.a), Arc::new(fx.b)];
+        // In the order the holders got the lock: each pushes while it
+        // holds it.
+        let tokens = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let client = clients[worker % 2].clone();
+            let tokens = tokens.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let guard = client
+                        .lock_with("fenced", opts(5000).fencing(true))
+                        .await
+                        .unwrap();
+                    tokens.lock().await.push(guard.fencing_token().unwrap());
+                    guard.release().await.unwrap();
+                }
+            }));
         }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let tokens = tokens.lock().await;
+        assert_eq!(tokens.len(), 80);
+        let mut last = 0;
+        for &token in tokens.iter() {
+            assert!(token > last, "{token} after {last}: {tokens:?}");
+            last = token;
+        }
+        let plain = clients[0]
+            .lock("fenced", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(plain.fencing_token(), None, "fencing was not asked for");
     }
 
     pub async fn extend_sets_a_new_ttl_and_fails_once_lost(fx: Fixture) {
@@ -356,21 +378,12 @@ mod cases {
     pub async fn a_waiter_hears_the_release(fx: Fixture) {
         let held = fx.a.lock("k", Duration::from_secs(10)).await.unwrap();
         let b = fx.b.clone();
-        let (asked_tx, asked_rx) = tokio::sync::oneshot::channel();
-        let waiter = tokio::spawn(async move {
-            let acquiring = b.lock_with("k", opts(10_000));
-            tokio::pin!(acquiring);
-            // Its first attempts, up to where it waits.
-            tokio::select! {
-                biased;
-                _ = &mut acquiring => panic!("acquired while held"),
-                () = std::future::ready(()) => {}
-            }
-            asked_tx.send(()).unwrap();
-            let got = acquiring.await;
+        // Its first attempts, up to where it waits.
+        let waiter = spawn_waiting(async move {
+            let got = b.lock_with("k", opts(10_000)).await;
             (got, Instant::now())
-        });
-        asked_rx.await.unwrap();
+        })
+        .await;
         // Its backoff is 5 s: only hearing the release gets it in quickly.
         let released_at = Instant::now();
         assert!(held.release().await.unwrap());
@@ -384,6 +397,17 @@ mod cases {
             "{:?}",
             at - released_at
         );
+    }
+
+    pub async fn invalid_keys_are_rejected_before_anything_is_stored(fx: Fixture) {
+        let err = fx.a.lock("", Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidKey);
+        let long = "x".repeat(2000);
+        let err = fx.a.lock(&long, Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidKey);
+        let err = fx.a.lock("k", Duration::ZERO).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(fx.backend.is_empty(), "a refused lock was stored");
     }
 
     pub async fn an_annotated_function_runs_under_the_lock(fx: Fixture) {

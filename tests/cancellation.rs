@@ -12,25 +12,21 @@
 //! Redis server, and Redlock over three servers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{HandoffBudget, LockClient, LockError, LockOptions, MemoryStore, distributed_lock};
-use lock_testkit::RedisServer;
+mod support;
+
+use lock_core::{HandoffBudget, LockClient, LockError, LockOptions, distributed_lock};
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
+use support::{Backend, client_with, storage_key};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 const PREFIX: &str = "cancel:";
 const KEY: &str = "k";
 const TTL: Duration = Duration::from_secs(30);
-
-/// Where the locks live, and how to see what is held there.
-enum Store {
-    Memory(MemoryStore),
-    Redis(Vec<RedisServer>),
-}
 
 struct Fixture {
     /// The client whose operations are cancelled.
@@ -40,54 +36,27 @@ struct Fixture {
     turns: LockClient,
     /// Another process.
     b: LockClient,
-    store: Store,
+    backend: Backend,
 }
 
 impl Fixture {
-    async fn memory() -> Fixture {
-        let store = MemoryStore::new();
-        let client = |budget| {
+    async fn on(backend: Backend) -> Fixture {
+        let settings = |budget| {
             LockClient::builder()
-                .in_memory(&store)
                 .key_prefix(PREFIX)
                 .handoff_budget(budget)
-                .build()
         };
         Fixture {
-            a: client(HandoffBudget::default()).await.unwrap(),
-            turns: client(HandoffBudget::NONE).await.unwrap(),
-            b: client(HandoffBudget::default()).await.unwrap(),
-            store: Store::Memory(store),
+            a: client_with(&backend, settings(HandoffBudget::default())).await,
+            turns: client_with(&backend, settings(HandoffBudget::NONE)).await,
+            b: client_with(&backend, settings(HandoffBudget::default())).await,
+            backend,
         }
     }
 
-    async fn redis(servers: usize) -> Fixture {
-        let servers: Vec<RedisServer> = (0..servers).map(|_| RedisServer::start()).collect();
-        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-        let client = |budget| {
-            LockClient::builder()
-                .urls(urls.clone())
-                .key_prefix(PREFIX)
-                .handoff_budget(budget)
-                .build()
-        };
-        Fixture {
-            a: client(HandoffBudget::default()).await.unwrap(),
-            turns: client(HandoffBudget::NONE).await.unwrap(),
-            b: client(HandoffBudget::default()).await.unwrap(),
-            store: Store::Redis(servers),
-        }
-    }
-
-    /// Whether any server holds the key.
+    /// Whether the key is held anywhere.
     fn key_held(&self) -> bool {
-        match &self.store {
-            Store::Memory(store) => store.held() > 0,
-            Store::Redis(servers) => {
-                let key = format!("{PREFIX}{{{KEY}}}");
-                servers.iter().any(|s| s.cmd::<bool>(&["EXISTS", &key]))
-            }
-        }
+        self.backend.holds(&storage_key(PREFIX, KEY))
     }
 
     /// What a user relies on after a cancelled operation, with every guard
@@ -329,15 +298,15 @@ async fn every_case(fx: &Fixture, backend: &str) {
 
 #[tokio::test]
 async fn operations_dropped_at_any_poll_leave_nothing_behind_in_memory() {
-    every_case(&Fixture::memory().await, "in-memory").await;
+    every_case(&Fixture::on(Backend::memory()).await, "in-memory").await;
 }
 
 #[tokio::test]
 async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redis() {
-    every_case(&Fixture::redis(1).await, "redis").await;
+    every_case(&Fixture::on(Backend::server()).await, "redis").await;
 }
 
 #[tokio::test]
 async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redlock() {
-    every_case(&Fixture::redis(3).await, "redlock").await;
+    every_case(&Fixture::on(Backend::redlock()).await, "redlock").await;
 }

@@ -2,31 +2,29 @@
 //! joined by `redis-cli --cluster create` (started by the test kit).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{LockClient, LockError, LockOptions, current_lock, distributed_lock};
+mod support;
+
+use lock_core::{
+    LockClient, LockClientBuilder, LockError, LockOptions, current_lock, distributed_lock,
+};
 use lock_testkit::RedisCluster;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
+use support::{client_with, eventually, slow_backoff, storage_key, subscribers};
 use tokio::time::Instant;
 
 const PREFIX: &str = "cluster:lock:";
 /// Bound on every wait for the topology (creation, failover).
 const TOPOLOGY_BOUND: Duration = Duration::from_secs(30);
 
-fn storage_key(key: &str) -> String {
-    format!("{PREFIX}{{{key}}}")
-}
-
-async fn client_for(cluster: &RedisCluster) -> LockClient {
+/// The clients of this file.
+fn settings() -> LockClientBuilder {
     LockClient::builder()
-        .cluster(cluster.urls())
         .key_prefix(PREFIX)
         .operation_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap_or_else(|e| panic!("cluster client: {e}\n{}", cluster.nodes()[0].log()))
 }
 
 /// One key per primary: `key -> index of the node that serves it`.
@@ -35,7 +33,7 @@ fn keys_on_every_primary(cluster: &RedisCluster, stem: &str) -> BTreeMap<usize, 
     for i in 0..1000 {
         let key = format!("{stem}{i}");
         let primary = cluster
-            .primary_of_key(&storage_key(&key))
+            .primary_of_key(&storage_key(PREFIX, &key))
             .unwrap()
             .expect("every slot has a primary");
         found.entry(primary).or_insert(key);
@@ -47,26 +45,17 @@ fn keys_on_every_primary(cluster: &RedisCluster, stem: &str) -> BTreeMap<usize, 
     found
 }
 
-/// Polls `check` until it holds, for at most `bound`.
-async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + bound;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locks_work_on_every_primary_of_a_cluster() {
     let started = Instant::now();
     let cluster = RedisCluster::start(3, 0);
     let created = started.elapsed();
-    let client = client_for(&cluster).await;
-    let other = client_for(&cluster).await;
+    let client = client_with(&cluster, settings()).await;
+    let other = client_with(&cluster, settings()).await;
     let keys = keys_on_every_primary(&cluster, "k");
     let slots: Vec<u16> = keys
         .values()
-        .map(|k| cluster.keyslot(&storage_key(k)).unwrap())
+        .map(|k| cluster.keyslot(&storage_key(PREFIX, k)).unwrap())
         .collect();
     eprintln!("keys {keys:?} in slots {slots:?}");
 
@@ -79,7 +68,7 @@ async fn locks_work_on_every_primary_of_a_cluster() {
             .unwrap()
             .expect("a free lock");
         assert!(
-            node.cmd::<Option<String>>(&["GET", &storage_key(key)])
+            node.cmd::<Option<String>>(&["GET", &storage_key(PREFIX, key)])
                 .is_some(),
             "the lock is not on its slot's primary"
         );
@@ -91,7 +80,7 @@ async fn locks_work_on_every_primary_of_a_cluster() {
                 .is_none()
         );
         assert!(guard.release().await.unwrap());
-        assert_eq!(node.cmd::<i64>(&["EXISTS", &storage_key(key)]), 0);
+        assert_eq!(node.cmd::<i64>(&["EXISTS", &storage_key(PREFIX, key)]), 0);
 
         // Fencing: the counter lives in the lock's slot, and grows.
         let opts = || LockOptions::new(Duration::from_secs(10)).fencing(true);
@@ -101,7 +90,8 @@ async fn locks_work_on_every_primary_of_a_cluster() {
         let second = other.lock_with(key, opts()).await.unwrap();
         let b = second.fencing_token().unwrap();
         assert!(b > a, "fencing tokens {a} then {b}");
-        let fence: Option<String> = node.cmd(&["GET", &format!("{}:fence", storage_key(key))]);
+        let fence: Option<String> =
+            node.cmd(&["GET", &format!("{}:fence", storage_key(PREFIX, key))]);
         assert_eq!(fence, Some(b.to_string()));
         assert!(second.release().await.unwrap());
     }
@@ -121,7 +111,7 @@ async fn locks_work_on_every_primary_of_a_cluster() {
         tokio::time::sleep(ttl * 3).await;
         for ((&primary, key), guard) in keys.iter().zip(&guards) {
             assert!(!guard.is_lost(), "{key} lost with ttl {ttl:?}");
-            let pttl: i64 = cluster.nodes()[primary].cmd(&["PTTL", &storage_key(key)]);
+            let pttl: i64 = cluster.nodes()[primary].cmd(&["PTTL", &storage_key(PREFIX, key)]);
             assert!(pttl > 0, "{key}: PTTL {pttl} with ttl {ttl:?}");
         }
         for guard in guards {
@@ -139,9 +129,10 @@ async fn locks_work_on_every_primary_of_a_cluster() {
 async fn contended_locks_on_a_cluster_exclude_each_other() {
     let cluster = RedisCluster::start(3, 0);
     let keys = keys_on_every_primary(&cluster, "c");
-    let clients: Vec<Arc<LockClient>> =
-        futures::future::join_all((0..3).map(|_| async { Arc::new(client_for(&cluster).await) }))
-            .await;
+    let clients: Vec<Arc<LockClient>> = futures::future::join_all(
+        (0..3).map(|_| async { Arc::new(client_with(&cluster, settings()).await) }),
+    )
+    .await;
     let mut tasks = Vec::new();
     for key in keys.values() {
         let inside = Arc::new(AtomicBool::new(false));
@@ -175,18 +166,15 @@ async fn contended_locks_on_a_cluster_exclude_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_hears_the_release_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
-    let holder = client_for(&cluster).await;
+    let holder = client_with(&cluster, settings()).await;
     // Polls only every 5 s: only a wake-up gets it in quickly.
-    let waiter = LockClient::builder()
-        .cluster(cluster.urls())
-        .key_prefix(PREFIX)
-        .backoff(lock_core::Backoff::new(
-            Duration::from_secs(5),
-            Duration::from_secs(5),
-        ))
-        .build()
-        .await
-        .unwrap();
+    let waiter = client_with(
+        &cluster,
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .backoff(slow_backoff()),
+    )
+    .await;
     // A key whose slot is not served by the first node: the release's
     // PUBLISH must cross the cluster bus.
     let keys = keys_on_every_primary(&cluster, "w");
@@ -206,8 +194,7 @@ async fn a_waiter_hears_the_release_on_a_cluster() {
     };
     let first = &cluster.nodes()[0];
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        let subscribers: Vec<redis::Value> = first.cmd(&["PUBSUB", "NUMSUB", &storage_key(&key)]);
-        matches!(subscribers.get(1), Some(redis::Value::Int(n)) if *n >= 1)
+        subscribers(first, &storage_key(PREFIX, &key)) >= 1
     })
     .await;
     let released_at = Instant::now();
@@ -228,7 +215,7 @@ async fn a_waiter_hears_the_release_on_a_cluster() {
 async fn a_primary_killed_mid_hold_is_failed_over() {
     let started = Instant::now();
     let mut cluster = RedisCluster::start(3, 1);
-    let client = client_for(&cluster).await;
+    let client = client_with(&cluster, settings()).await;
     let keys = keys_on_every_primary(&cluster, "f");
     let (&victim, key) = keys.iter().next().unwrap();
     let key = key.clone();
@@ -248,7 +235,7 @@ async fn a_primary_killed_mid_hold_is_failed_over() {
         .unwrap_or_else(|e| panic!("no failover: {e}"));
     let failed_over = killed_at.elapsed();
     let promoted = cluster
-        .primary_of_key(&storage_key(&key))
+        .primary_of_key(&storage_key(PREFIX, &key))
         .unwrap()
         .expect("the slot has a primary again");
     assert_ne!(promoted, victim);
@@ -261,7 +248,7 @@ async fn a_primary_killed_mid_hold_is_failed_over() {
         let mut found = None;
         for i in 0..1000 {
             let k = format!("{other_key}{i}");
-            if cluster.primary_of_key(&storage_key(&k)).unwrap() == Some(promoted) {
+            if cluster.primary_of_key(&storage_key(PREFIX, &k)).unwrap() == Some(promoted) {
                 found = Some(k);
                 break;
             }
@@ -278,7 +265,7 @@ async fn a_primary_killed_mid_hold_is_failed_over() {
     let took = acquiring.elapsed();
     assert!(
         cluster.nodes()[promoted]
-            .cmd::<Option<String>>(&["GET", &storage_key(&slot_key)])
+            .cmd::<Option<String>>(&["GET", &storage_key(PREFIX, &slot_key)])
             .is_some()
     );
     assert!(next.release().await.unwrap());
@@ -290,7 +277,7 @@ async fn a_primary_killed_mid_hold_is_failed_over() {
         if guard.is_lost() {
             break;
         }
-        let pttl: i64 = cluster.nodes()[promoted].cmd(&["PTTL", &storage_key(&key)]);
+        let pttl: i64 = cluster.nodes()[promoted].cmd(&["PTTL", &storage_key(PREFIX, &key)]);
         // Between a renewal failing and the guard noticing, the key may be
         // gone only while the guard's validity still runs.
         assert!(
@@ -301,7 +288,7 @@ async fn a_primary_killed_mid_hold_is_failed_over() {
     }
     let lost = guard.is_lost();
     if !lost {
-        let pttl: i64 = cluster.nodes()[promoted].cmd(&["PTTL", &storage_key(&key)]);
+        let pttl: i64 = cluster.nodes()[promoted].cmd(&["PTTL", &storage_key(PREFIX, &key)]);
         assert!(pttl > 0, "held past its validity without the key");
         assert!(guard.release().await.unwrap());
     }
@@ -338,15 +325,21 @@ async fn fenced_job(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_attribute_works_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
-    let (client, other) = (client_for(&cluster).await, client_for(&cluster).await);
+    let (client, other) = (
+        client_with(&cluster, settings()).await,
+        client_with(&cluster, settings()).await,
+    );
     for id in 0..3 {
         let (key, fence, taken) = fenced_job(&client, &other, id).await.unwrap();
         assert_eq!(key, format!("job:{id}"));
         assert!(fence.is_some());
         assert!(!taken, "another client took job:{id} while it was held");
-        let primary = cluster.primary_of_key(&storage_key(&key)).unwrap().unwrap();
+        let primary = cluster
+            .primary_of_key(&storage_key(PREFIX, &key))
+            .unwrap()
+            .unwrap();
         assert_eq!(
-            cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &storage_key(&key)]),
+            cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &storage_key(PREFIX, &key)]),
             0,
             "released on return"
         );

@@ -2,42 +2,30 @@
 //! black-holed and cut connections, restarts, leaks, bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{ErrorKind, LockClient, LockOptions};
+mod support;
+
+use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::{Proxy, ProxyMode, RedisServer};
 use std::io::Write;
 use std::time::Duration;
+use support::{build, client_with, eventually, storage_key};
 use tokio::time::Instant;
 
 const PREFIX: &str = "fault:";
 
-fn storage_key(key: &str) -> String {
-    format!("{PREFIX}{{{key}}}")
-}
-
-async fn client_at(url: String, op_timeout: Duration) -> LockClient {
+/// The clients of this file: every call, connecting included, bounded by
+/// `op_timeout`.
+fn settings(op_timeout: Duration) -> LockClientBuilder {
     LockClient::builder()
-        .url(url)
         .key_prefix(PREFIX)
         .operation_timeout(op_timeout)
         .connect_timeout(op_timeout)
-        .build()
-        .await
-        .unwrap()
-}
-
-/// Polls `check` until it holds, failing after `bound`.
-async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
 async fn a_server_paused_longer_than_the_ttl_makes_the_guard_lost_in_time() {
     let server = RedisServer::start();
-    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let client = client_with(&server, settings(Duration::from_millis(500))).await;
     let ttl = Duration::from_millis(600);
     let acquired = Instant::now();
     let guard = client.lock("k", ttl).await.unwrap();
@@ -60,7 +48,7 @@ async fn a_black_holed_connection_bounds_lock_extend_and_release() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr());
     let op_timeout = Duration::from_millis(300);
-    let client = client_at(proxy.url(), op_timeout).await;
+    let client = build(settings(op_timeout).url(proxy.url()), &server).await;
     let guard = client.lock("held", Duration::from_secs(10)).await.unwrap();
     proxy.set_mode(ProxyMode::Blackhole);
     let bound = op_timeout + Duration::from_millis(250);
@@ -111,17 +99,21 @@ async fn a_black_holed_connection_bounds_lock_extend_and_release() {
 async fn a_cut_connection_mid_hold_reconnects_and_never_stays_held_silently() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr());
-    let client = client_at(proxy.url(), Duration::from_millis(500)).await;
+    let client = build(
+        settings(Duration::from_millis(500)).url(proxy.url()),
+        &server,
+    )
+    .await;
     let ttl = Duration::from_millis(900);
     let guard = client.lock("k", ttl).await.unwrap();
-    let token: String = server.cmd(&["GET", &storage_key("k")]);
+    let token: String = server.cmd(&["GET", &storage_key(PREFIX, "k")]);
     proxy.cut();
     // Over two ttls, at every look: the guard is either reported lost, or
     // the key really is still ours on the server.
     let until = Instant::now() + ttl * 2;
     while Instant::now() < until {
         if !guard.is_lost() {
-            let value: Option<String> = server.cmd(&["GET", &storage_key("k")]);
+            let value: Option<String> = server.cmd(&["GET", &storage_key(PREFIX, "k")]);
             assert_eq!(value.as_deref(), Some(token.as_str()), "held but not ours");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -139,7 +131,7 @@ async fn a_cut_connection_mid_hold_reconnects_and_never_stays_held_silently() {
 #[tokio::test]
 async fn redis_restarted_empty_under_a_held_lock_makes_it_lost() {
     let mut server = RedisServer::start();
-    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let client = client_with(&server, settings(Duration::from_millis(500))).await;
     let ttl = Duration::from_millis(1500);
     let acquired = Instant::now();
     let guard = client.lock("k", ttl).await.unwrap();
@@ -162,7 +154,11 @@ fn client_connections(server: &RedisServer) -> usize {
 async fn no_heartbeat_or_connection_leaks_after_cycles_and_faults() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr());
-    let client = client_at(proxy.url(), Duration::from_millis(500)).await;
+    let client = build(
+        settings(Duration::from_millis(500)).url(proxy.url()),
+        &server,
+    )
+    .await;
     let baseline = client_connections(&server);
     for round in 0..200 {
         let key = format!("k{}", round % 7);
@@ -197,8 +193,8 @@ async fn no_heartbeat_or_connection_leaks_after_cycles_and_faults() {
 #[tokio::test]
 async fn a_key_of_another_type_is_a_clear_error() {
     let server = RedisServer::start();
-    let client = client_at(server.url(), Duration::from_millis(500)).await;
-    let _: () = server.cmd(&["RPUSH", &storage_key("jobs"), "x"]);
+    let client = client_with(&server, settings(Duration::from_millis(500))).await;
+    let _: () = server.cmd(&["RPUSH", &storage_key(PREFIX, "jobs"), "x"]);
     let err = client
         .lock_with(
             "jobs",
@@ -212,10 +208,10 @@ async fn a_key_of_another_type_is_a_clear_error() {
     // A lock whose key is replaced by something else is not ours any more:
     // released as such, and the other program's key is left alone.
     let guard = client.lock("k", Duration::from_secs(5)).await.unwrap();
-    let _: () = server.cmd(&["DEL", &storage_key("k")]);
-    let _: () = server.cmd(&["RPUSH", &storage_key("k"), "x"]);
+    let _: () = server.cmd(&["DEL", &storage_key(PREFIX, "k")]);
+    let _: () = server.cmd(&["RPUSH", &storage_key(PREFIX, "k"), "x"]);
     assert!(!guard.release().await.unwrap(), "released a key not ours");
-    let kind: String = server.cmd(&["TYPE", &storage_key("k")]);
+    let kind: String = server.cmd(&["TYPE", &storage_key(PREFIX, "k")]);
     assert_eq!(kind, "list");
 }
 
@@ -289,7 +285,7 @@ async fn long_job(
 #[tokio::test]
 async fn an_attribute_body_is_aborted_when_its_server_pauses_past_the_ttl() {
     let server = RedisServer::start();
-    let client = client_at(server.url(), Duration::from_millis(500)).await;
+    let client = client_with(&server, settings(Duration::from_millis(500))).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let job = tokio::spawn({
         let client = client.clone();

@@ -3,37 +3,18 @@
 //! took is left behind when its future is dropped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use lock_core::{ErrorKind, HandoffBudget, LockClient, LockOptions, MemoryStore};
-use lock_testkit::{Proxy, ProxyMode, RedisServer};
+use lock_testkit::{Proxy, ProxyMode, RedisServer, start_servers};
 use std::future::Future;
 use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
+use support::{build, client_for, client_with, eventually, storage_key, subscribers};
 use tokio::time::Instant;
 
 const PREFIX: &str = "live:";
-
-fn storage_key(key: &str) -> String {
-    format!("{PREFIX}{{{key}}}")
-}
-
-async fn client_at(url: String) -> LockClient {
-    LockClient::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .build()
-        .await
-        .unwrap()
-}
-
-/// Polls `check` until it holds, failing after `bound`.
-async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Polls `future` once: `true` when it is still pending.
 async fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> bool {
@@ -88,24 +69,24 @@ async fn a_handed_turn_whose_waiter_is_gone_is_passed_on_in_memory() {
 #[tokio::test]
 async fn a_handed_lease_or_turn_whose_waiter_is_gone_is_passed_on_redis() {
     let server = RedisServer::start();
-    let client = client_at(server.url()).await;
+    let client = client_for(&server, PREFIX).await;
     a_waiter_gone_after_the_hand_off_does_not_jam(&client, false).await;
     a_waiter_gone_after_the_hand_off_does_not_jam(&client, true).await;
-    let turns = LockClient::builder()
-        .url(server.url())
-        .key_prefix(PREFIX)
-        .handoff_budget(HandoffBudget::NONE)
-        .build()
-        .await
-        .unwrap();
+    let turns = client_with(
+        &server,
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .handoff_budget(HandoffBudget::NONE),
+    )
+    .await;
     a_waiter_gone_after_the_hand_off_does_not_jam(&turns, false).await;
-    assert!(!server.cmd::<bool>(&["EXISTS", &storage_key("k")]));
+    assert!(!server.cmd::<bool>(&["EXISTS", &storage_key(PREFIX, "k")]));
 }
 
 #[tokio::test]
 async fn lock_futures_dropped_after_one_poll_leave_no_key_held() {
     let server = RedisServer::start();
-    let client = client_at(server.url()).await;
+    let client = client_for(&server, PREFIX).await;
     let ttl = Duration::from_secs(30);
     let sets_before = set_calls(&server);
     for i in 0..20 {
@@ -120,7 +101,7 @@ async fn lock_futures_dropped_after_one_poll_leave_no_key_held() {
     )
     .await;
     eventually(Duration::from_secs(5), "every key is released", || {
-        (0..20).all(|i| !server.cmd::<bool>(&["EXISTS", &storage_key(&format!("k{i}"))]))
+        (0..20).all(|i| !server.cmd::<bool>(&["EXISTS", &storage_key(PREFIX, &format!("k{i}"))]))
     })
     .await;
     assert_eq!(client.queued_keys(), 0);
@@ -141,11 +122,11 @@ fn set_calls(server: &RedisServer) -> u64 {
 #[tokio::test]
 async fn extend_to_a_shorter_ttl_moves_the_next_renewal() {
     let server = RedisServer::start();
-    let client = client_at(server.url()).await;
-    let other = client_at(server.url()).await;
+    let client = client_for(&server, PREFIX).await;
+    let other = client_for(&server, PREFIX).await;
     let guard = client.lock("k", Duration::from_secs(3)).await.unwrap();
     guard.extend(Duration::from_millis(300)).await.unwrap();
-    let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+    let pttl: i64 = server.cmd(&["PTTL", &storage_key(PREFIX, "k")]);
     assert!(
         (0..=300).contains(&pttl),
         "extend set the new ttl: {pttl} ms"
@@ -171,13 +152,14 @@ async fn extend_to_a_shorter_ttl_moves_the_next_renewal() {
 async fn a_release_dropped_while_reconnecting_is_still_sent() {
     let server = RedisServer::builder().password("pw").start();
     let proxy = Proxy::start(server.addr());
-    let client = LockClient::builder()
-        .url(format!("redis://:pw@{}", proxy.addr()))
-        .key_prefix(PREFIX)
-        .operation_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let client = build(
+        LockClient::builder()
+            .url(format!("redis://:pw@{}", proxy.addr()))
+            .key_prefix(PREFIX)
+            .operation_timeout(Duration::from_secs(2)),
+        &server,
+    )
+    .await;
     let guard = client.lock("k", Duration::from_secs(30)).await.unwrap();
     // The next connection hangs in its AUTH: the release waits for it.
     proxy.set_mode(ProxyMode::Blackhole);
@@ -189,7 +171,7 @@ async fn a_release_dropped_while_reconnecting_is_still_sent() {
     // The connection under way completes once the link passes again.
     proxy.set_mode(ProxyMode::Pass);
     eventually(Duration::from_secs(10), "the release reaches Redis", || {
-        !server.cmd::<bool>(&["EXISTS", &storage_key("k")])
+        !server.cmd::<bool>(&["EXISTS", &storage_key(PREFIX, "k")])
     })
     .await;
 }
@@ -199,7 +181,7 @@ async fn a_server_busy_with_a_script_is_waited_out_within_the_wait() {
     let server = RedisServer::builder()
         .args(["--busy-reply-threshold", "50"])
         .start();
-    let client = client_at(server.url()).await;
+    let client = client_for(&server, PREFIX).await;
     // Another program runs a script for about 700 ms; past 50 ms the server
     // answers BUSY to everyone else.
     let url = server.url();
@@ -247,16 +229,17 @@ async fn a_server_busy_with_a_script_is_waited_out_within_the_wait() {
 async fn a_contended_wait_over_a_slow_link_ends_within_wait_plus_one_timeout() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.addr());
-    let holder = client_at(server.url()).await;
+    let holder = client_for(&server, PREFIX).await;
     let _held = holder.lock("k", Duration::from_secs(30)).await.unwrap();
     let op_timeout = Duration::from_millis(1000);
-    let client = LockClient::builder()
-        .url(proxy.url())
-        .key_prefix(PREFIX)
-        .operation_timeout(op_timeout)
-        .build()
-        .await
-        .unwrap();
+    let client = build(
+        LockClient::builder()
+            .url(proxy.url())
+            .key_prefix(PREFIX)
+            .operation_timeout(op_timeout),
+        &server,
+    )
+    .await;
     client.ping().await.unwrap();
     // Each round trip takes about 900 ms: the last attempt, and then the
     // check of the key's type, would each take most of a timeout.
@@ -278,40 +261,22 @@ async fn a_contended_wait_over_a_slow_link_ends_within_wait_plus_one_timeout() {
     );
 }
 
-/// Three Redlock servers, each behind a client of its own for setup.
-struct Trio {
-    servers: Vec<RedisServer>,
-}
-
-impl Trio {
-    fn start() -> Trio {
-        Trio {
-            servers: (0..3).map(|_| RedisServer::start()).collect(),
-        }
-    }
-
-    async fn client(&self) -> LockClient {
-        LockClient::builder()
-            .urls(self.servers.iter().map(RedisServer::url))
-            .key_prefix(PREFIX)
-            .operation_timeout(Duration::from_secs(2))
-            .node_timeout(Duration::from_millis(100))
-            .build()
-            .await
-            .unwrap()
-    }
-}
-
 #[tokio::test]
 async fn a_frozen_redlock_server_costs_a_contended_wait_at_most_its_node_timeout() {
-    let trio = Trio::start();
-    let holder = trio.client().await;
-    let waiter = trio.client().await;
+    let servers = start_servers(3);
+    let node_timeout = Duration::from_millis(100);
+    let settings = || {
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .operation_timeout(Duration::from_secs(2))
+            .node_timeout(node_timeout)
+    };
+    let holder = client_with(&servers, settings()).await;
+    let waiter = client_with(&servers, settings()).await;
     waiter.ping().await.unwrap();
     let ttl = Duration::from_secs(10);
     let held = holder.lock("k", ttl).await.unwrap();
-    let _frozen = trio.servers[2].pause();
-    let node_timeout = Duration::from_millis(100);
+    let _frozen = servers[2].pause();
     let margin = Duration::from_millis(300);
 
     let started = Instant::now();
@@ -342,10 +307,9 @@ async fn a_frozen_redlock_server_costs_a_contended_wait_at_most_its_node_timeout
         (guard, started.elapsed())
     });
     // The waiter listens for the release once it found the key held.
-    let channel = format!("{PREFIX}{{k}}");
+    let channel = storage_key(PREFIX, "k");
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        let (_, subscribers): (String, u64) = trio.servers[0].cmd(&["PUBSUB", "NUMSUB", &channel]);
-        subscribers > 0
+        subscribers(&servers[0], &channel) > 0
     })
     .await;
     let released = Instant::now();
@@ -398,12 +362,12 @@ async fn tokens_sent<F: Future>(server: &RedisServer, key: &str, during: F) -> V
 #[tokio::test]
 async fn every_attempt_sends_a_token_of_its_own() {
     let server = RedisServer::start();
-    let holder = client_at(server.url()).await;
-    let waiter = client_at(server.url()).await;
+    let holder = client_for(&server, PREFIX).await;
+    let waiter = client_for(&server, PREFIX).await;
     waiter.ping().await.unwrap();
     let _held = holder.lock("k", Duration::from_secs(30)).await.unwrap();
     let wait = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_millis(300));
-    let tokens = tokens_sent(&server, &storage_key("k"), async {
+    let tokens = tokens_sent(&server, &storage_key(PREFIX, "k"), async {
         let err = waiter.lock_with("k", wait).await.unwrap_err();
         assert!(err.is_contended(), "{err}");
     })

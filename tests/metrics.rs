@@ -1,20 +1,20 @@
 //! What operators see in their dashboards: the `metrics` feature.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{LockClient, LockOptions};
+mod support;
+
+use lock_core::{LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::RedisServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::collections::HashMap;
 use std::time::Duration;
+use support::client_with;
 
-async fn client_for(server: &RedisServer) -> LockClient {
+/// The clients of this file.
+fn settings() -> LockClientBuilder {
     LockClient::builder()
-        .url(server.url())
         .key_prefix("obs:")
         .operation_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap()
 }
 
 #[test]
@@ -28,8 +28,8 @@ fn metrics_count_outcomes_and_time_waits_and_holds() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let client = client_for(&server).await;
-            let other_process = client_for(&server).await;
+            let client = client_with(&server, settings()).await;
+            let other_process = client_with(&server, settings()).await;
             let held = client.lock("k", Duration::from_secs(5)).await.unwrap();
             let short = LockOptions::new(Duration::from_secs(5)).wait(Duration::from_millis(50));
             assert!(other_process.lock_with("k", short).await.is_err());

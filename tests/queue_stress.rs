@@ -6,12 +6,14 @@
 //! Runs for `QUEUE_STRESS_SECONDS` per backend (default 3).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{HandoffBudget, LockClient, LockOptions, MemoryStore};
-use lock_testkit::RedisServer;
+mod support;
+
+use lock_core::{HandoffBudget, LockClient, LockOptions};
 use rand::RngExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use support::{Backend, client_with, eventually, storage_key};
 use tokio::time::Instant;
 
 const TASKS: usize = 8;
@@ -146,34 +148,35 @@ async fn storm(client: &LockClient, what: &str) {
     }
 }
 
-/// A client with hand-offs and one without, on the same store.
-async fn storms(builder: impl Fn() -> lock_core::LockClientBuilder, backend: &str) {
+/// A client with hand-offs and one without, on the same backend.
+async fn storms(backend: &Backend, name: &str) {
     for (budget, what) in [
         (HandoffBudget::default(), "hand-offs"),
         (HandoffBudget::NONE, "turns"),
     ] {
-        let client = builder().handoff_budget(budget).build().await.unwrap();
-        storm(&client, &format!("{backend}, {what}")).await;
+        let client = client_with(backend, LockClient::builder().handoff_budget(budget)).await;
+        storm(&client, &format!("{name}, {what}")).await;
     }
+}
+
+/// The key of the storms' lock, under the default key prefix.
+fn stormed_key() -> String {
+    storage_key("lock:", "k")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_never_jams_or_overlaps_in_memory() {
-    let store = MemoryStore::new();
-    storms(|| LockClient::builder().in_memory(&store), "in-memory").await;
-    assert_eq!(store.held(), 0);
+    let backend = Backend::memory();
+    storms(&backend, "in-memory").await;
+    assert!(!backend.holds(&stormed_key()), "the key is left held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_never_jams_or_overlaps_on_redis() {
-    let server = RedisServer::start();
-    storms(|| LockClient::builder().url(server.url()), "redis").await;
-    let started = Instant::now();
-    while server.cmd::<bool>(&["EXISTS", "lock:{k}"]) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the key is left held"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let backend = Backend::server();
+    storms(&backend, "redis").await;
+    eventually(Duration::from_secs(5), "the key is let go", || {
+        !backend.holds(&stormed_key())
+    })
+    .await;
 }

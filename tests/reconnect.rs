@@ -2,10 +2,13 @@
 //! a login) must not be cut short by each call's own, shorter bound.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{ErrorKind, LockClient, LockOptions};
+mod support;
+
+use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::{Proxy, ProxyMode, RedisServer};
 use std::cell::Cell;
 use std::time::Duration;
+use support::{build, eventually_async};
 use tokio::time::Instant;
 
 const PREFIX: &str = "reconnect:";
@@ -24,36 +27,25 @@ fn url(proxy: &Proxy) -> String {
     format!("redis://:{PASSWORD}@127.0.0.1:{}", proxy.port())
 }
 
-async fn client_at(url: String, op_timeout: Duration) -> LockClient {
+/// The clients of this file: each call bounded by `op_timeout`, connecting
+/// (with its login) by a longer bound of its own.
+fn settings(op_timeout: Duration) -> LockClientBuilder {
     LockClient::builder()
-        .url(url)
         .key_prefix(PREFIX)
         .operation_timeout(op_timeout)
         .connect_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap()
-}
-
-/// Runs `check` until it returns `true`, failing after `bound`.
-async fn eventually<F, Fut>(bound: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
 async fn a_slow_link_with_a_login_reconnects_after_a_cut() {
     // A round trip of 60 ms: connecting and logging in take 60 of the
     // 100 ms a call may take, and a ping on top of that does not fit.
-    let (_server, proxy) = server_behind_proxy(ProxyMode::Delay(Duration::from_millis(30)));
-    let client = client_at(url(&proxy), Duration::from_millis(100)).await;
+    let (server, proxy) = server_behind_proxy(ProxyMode::Delay(Duration::from_millis(30)));
+    let client = build(
+        settings(Duration::from_millis(100)).url(url(&proxy)),
+        &server,
+    )
+    .await;
     client.ping().await.unwrap();
 
     proxy.cut();
@@ -71,9 +63,9 @@ async fn a_slow_link_with_a_login_reconnects_after_a_cut() {
 
 #[tokio::test]
 async fn a_call_keeps_its_bound_while_connecting_hangs_and_recovers_after() {
-    let (_server, proxy) = server_behind_proxy(ProxyMode::Pass);
+    let (server, proxy) = server_behind_proxy(ProxyMode::Pass);
     let op_timeout = Duration::from_millis(200);
-    let client = client_at(url(&proxy), op_timeout).await;
+    let client = build(settings(op_timeout).url(url(&proxy)), &server).await;
     client.ping().await.unwrap();
 
     // Connections are accepted but nothing gets through: the login of every
@@ -92,7 +84,7 @@ async fn a_call_keeps_its_bound_while_connecting_hangs_and_recovers_after() {
     }
 
     proxy.set_mode(ProxyMode::Pass);
-    eventually(
+    eventually_async(
         Duration::from_secs(5),
         "a ping answered after healing",
         || async { client.ping().await.is_ok() },
@@ -116,27 +108,26 @@ async fn redlock_reconnects_over_slow_links_within_its_node_timeout() {
     // A round trip of 40 ms against 70 ms per server: a call fits, but
     // not connecting and logging in before it.
     let delay = ProxyMode::Delay(Duration::from_millis(20));
-    let nodes: Vec<(RedisServer, Proxy)> = (0..3).map(|_| server_behind_proxy(delay)).collect();
-    let client = LockClient::builder()
-        .urls(nodes.iter().map(|(_, proxy)| url(proxy)))
-        .key_prefix(PREFIX)
-        .node_timeout(Duration::from_millis(70))
-        .operation_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let (servers, proxies): (Vec<RedisServer>, Vec<Proxy>) =
+        (0..3).map(|_| server_behind_proxy(delay)).unzip();
+    let client = build(
+        settings(Duration::from_millis(500))
+            .urls(proxies.iter().map(url))
+            .node_timeout(Duration::from_millis(70)),
+        &servers,
+    )
+    .await;
     let round = Cell::new(0);
     // The first release on each server also loads the release script.
-    eventually(Duration::from_secs(5), "a first lock and release", || {
+    eventually_async(Duration::from_secs(5), "a first lock and release", || {
         cycle(&client, &round)
     })
     .await;
 
-    for (_, proxy) in &nodes {
+    for proxy in &proxies {
         proxy.cut();
     }
-    eventually(
+    eventually_async(
         Duration::from_secs(5),
         "a lock and release after the cut",
         || cycle(&client, &round),

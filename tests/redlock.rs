@@ -1,27 +1,24 @@
 //! Redlock over independent `redis-server` processes, some of them stopped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{ErrorKind, LockClient, LockOptions};
+mod support;
+
+use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::{RedisServer, start_servers};
 use rand::RngExt;
 use std::time::Duration;
+use support::{client_with, eventually, storage_key};
 use tokio::time::Instant;
 
 const PREFIX: &str = "rl:";
 
-fn storage_key(key: &str) -> String {
-    format!("{PREFIX}{{{key}}}")
-}
-
-async fn redlock_client(servers: &[RedisServer], node_timeout: Duration) -> LockClient {
+/// The clients of this file: each server's answer bounded by
+/// `node_timeout`.
+fn settings(node_timeout: Duration) -> LockClientBuilder {
     LockClient::builder()
-        .urls(servers.iter().map(RedisServer::url))
         .key_prefix(PREFIX)
         .node_timeout(node_timeout)
         .operation_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap()
 }
 
 /// How many servers hold `key` with the value `token`.
@@ -30,7 +27,7 @@ fn holders(servers: &[RedisServer], key: &str, token: &str) -> usize {
         .iter()
         .filter(|s| s.is_running())
         .filter(|s| {
-            s.cmd::<Option<String>>(&["GET", &storage_key(key)])
+            s.cmd::<Option<String>>(&["GET", &storage_key(PREFIX, key)])
                 .as_deref()
                 == Some(token)
         })
@@ -56,7 +53,7 @@ fn token_of(servers: &[RedisServer], key: &str) -> String {
     servers
         .iter()
         .filter(|s| s.is_running())
-        .find_map(|s| s.cmd::<Option<String>>(&["GET", &storage_key(key)]))
+        .find_map(|s| s.cmd::<Option<String>>(&["GET", &storage_key(PREFIX, key)]))
         .expect("no server holds the key")
 }
 
@@ -75,7 +72,7 @@ async fn two_urls_are_refused_at_build() {
 #[tokio::test]
 async fn a_lock_is_written_to_every_server_and_released_from_all() {
     let servers = start_servers(5);
-    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let client = client_with(&servers, settings(Duration::from_millis(200))).await;
     let guard = client.lock("k", Duration::from_secs(5)).await.unwrap();
     let token = token_of(&servers, "k");
     // A majority when `lock` returns, and every server soon after.
@@ -96,7 +93,7 @@ async fn a_lock_is_written_to_every_server_and_released_from_all() {
 #[tokio::test]
 async fn extend_to_a_shorter_ttl_shortens_the_lease_on_every_server() {
     let servers = start_servers(3);
-    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let client = client_with(&servers, settings(Duration::from_millis(200))).await;
     let guard = client
         .lock_with("k", LockOptions::new(Duration::from_secs(3)).renew(false))
         .await
@@ -104,7 +101,7 @@ async fn extend_to_a_shorter_ttl_shortens_the_lease_on_every_server() {
     guard.extend(Duration::from_millis(300)).await.unwrap();
     // Every server answered before `extend` returned.
     for server in &servers {
-        let pttl: i64 = server.cmd(&["PTTL", &storage_key("k")]);
+        let pttl: i64 = server.cmd(&["PTTL", &storage_key(PREFIX, "k")]);
         assert!((1..=300).contains(&pttl), "pttl {pttl} on {}", server.url());
     }
     assert_eq!(guard.ttl(), Duration::from_millis(300));
@@ -115,7 +112,7 @@ async fn with_two_of_five_stopped_locks_are_granted_renewed_and_released() {
     let mut servers = start_servers(5);
     servers[0].stop();
     servers[3].stop();
-    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let client = client_with(&servers, settings(Duration::from_millis(200))).await;
     let ttl = Duration::from_millis(600);
     let guard = client.lock("k", ttl).await.unwrap();
     let token = token_of(&servers, "k");
@@ -162,7 +159,7 @@ async fn with_three_of_five_stopped_lock_is_unavailable_not_contended() {
         servers[i].restart();
     }
     let node_timeout = Duration::from_millis(200);
-    let client = redlock_client(&servers, node_timeout).await;
+    let client = client_with(&servers, settings(node_timeout)).await;
     for i in [1, 2, 4] {
         servers[i].stop();
     }
@@ -192,26 +189,33 @@ async fn with_three_of_five_stopped_lock_is_unavailable_not_contended() {
 
 /// Waits until no running server holds `key`, failing after a bound.
 async fn nothing_left(servers: &[RedisServer], key: &str) {
-    let started = Instant::now();
-    while servers.iter().filter(|s| s.is_running()).any(|s| {
-        s.cmd::<Option<String>>(&["GET", &storage_key(key)])
-            .is_some()
-    }) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "a failed attempt left its key behind"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let key = storage_key(PREFIX, key);
+    eventually(
+        Duration::from_secs(5),
+        "a failed attempt left its key behind",
+        || {
+            !servers
+                .iter()
+                .filter(|s| s.is_running())
+                .any(|s| s.cmd::<Option<String>>(&["GET", &key]).is_some())
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_majority_held_elsewhere_is_contended() {
     let servers = start_servers(5);
     for server in &servers[..3] {
-        let _: () = server.cmd(&["SET", &storage_key("k"), "other-owner", "PX", "60000"]);
+        let _: () = server.cmd(&[
+            "SET",
+            &storage_key(PREFIX, "k"),
+            "other-owner",
+            "PX",
+            "60000",
+        ]);
     }
-    let client = redlock_client(&servers, Duration::from_millis(200)).await;
+    let client = client_with(&servers, settings(Duration::from_millis(200))).await;
     let err = client
         .lock_with(
             "k",
@@ -231,8 +235,8 @@ async fn a_majority_held_elsewhere_is_contended() {
 async fn a_frozen_server_does_not_slow_a_lock_cycle() {
     let servers = start_servers(5);
     let node_timeout = Duration::from_millis(500);
-    let client = redlock_client(&servers, node_timeout).await;
-    let other = redlock_client(&servers, node_timeout).await;
+    let client = client_with(&servers, settings(node_timeout)).await;
+    let other = client_with(&servers, settings(node_timeout)).await;
     let pause = servers[2].pause();
     for i in 0..5 {
         let started = Instant::now();
@@ -255,7 +259,7 @@ async fn a_frozen_server_does_not_slow_a_lock_cycle() {
 async fn a_frozen_server_costs_a_fenced_lock_at_most_its_node_timeout() {
     let servers = start_servers(5);
     let node_timeout = Duration::from_millis(150);
-    let client = redlock_client(&servers, node_timeout).await;
+    let client = client_with(&servers, settings(node_timeout)).await;
     let _paused = servers[2].pause();
     for _ in 0..3 {
         let started = Instant::now();
@@ -276,7 +280,7 @@ async fn a_frozen_server_costs_a_fenced_lock_at_most_its_node_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_holders_through_node_stops_and_restarts() {
     let mut servers = start_servers(5);
-    let client = redlock_client(&servers, Duration::from_millis(150)).await;
+    let client = client_with(&servers, settings(Duration::from_millis(150))).await;
     let mut rng = rand::rng();
     let mut last: Option<u64> = None;
     let mut down: Vec<usize> = Vec::new();

@@ -2,19 +2,18 @@
 //! a primary, a replica and three Sentinels started by the test kit.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use lock_core::{ErrorKind, LockClient, LockOptions};
 use lock_testkit::{RedisServer, SentinelServer};
 use std::time::Duration;
+use support::storage_key;
 use tokio::time::Instant;
 
 const PREFIX: &str = "sentinel:lock:";
 const SERVICE: &str = "lockprimary";
 /// Bound on every wait for the topology (sync, discovery, failover).
 const TOPOLOGY_BOUND: Duration = Duration::from_secs(20);
-
-fn storage_key(key: &str) -> String {
-    format!("{PREFIX}{{{key}}}")
-}
 
 /// A primary and a replica that has finished its initial sync.
 fn primary_and_replica() -> (RedisServer, RedisServer) {
@@ -70,11 +69,14 @@ async fn a_sentinel_client_follows_a_failover() {
         .unwrap();
     assert!(
         primary
-            .cmd::<Option<String>>(&["GET", &storage_key("before")])
+            .cmd::<Option<String>>(&["GET", &storage_key(PREFIX, "before")])
             .is_some()
     );
     assert!(guard.release().await.unwrap());
-    assert_eq!(primary.cmd::<i64>(&["EXISTS", &storage_key("before")]), 0);
+    assert_eq!(
+        primary.cmd::<i64>(&["EXISTS", &storage_key(PREFIX, "before")]),
+        0
+    );
 
     force_failover(&sentinels[0]);
     sentinels[0]
@@ -116,16 +118,19 @@ async fn a_sentinel_client_follows_a_failover() {
         });
     let took = acquiring.elapsed();
     assert_eq!(replica.role(), "master");
-    let token: Option<String> = replica.cmd(&["GET", &storage_key("after")]);
+    let token: Option<String> = replica.cmd(&["GET", &storage_key(PREFIX, "after")]);
     assert!(token.is_some(), "the lock is not on the new primary");
     assert!(guard.release().await.unwrap());
-    assert_eq!(replica.cmd::<i64>(&["EXISTS", &storage_key("after")]), 0);
+    assert_eq!(
+        replica.cmd::<i64>(&["EXISTS", &storage_key(PREFIX, "after")]),
+        0
+    );
 
     // And it keeps working: a second lock, held and released at once.
     let again = client.lock("again", Duration::from_secs(10)).await.unwrap();
     assert!(
         replica
-            .cmd::<Option<String>>(&["GET", &storage_key("again")])
+            .cmd::<Option<String>>(&["GET", &storage_key(PREFIX, "again")])
             .is_some()
     );
     assert!(again.release().await.unwrap());
@@ -157,8 +162,8 @@ async fn min_replicas_succeeds_when_replicated_and_fails_cleanly_when_not() {
         .lock("replicated", Duration::from_secs(10))
         .await
         .unwrap();
-    let on_primary: Option<String> = primary.cmd(&["GET", &storage_key("replicated")]);
-    let on_replica: Option<String> = replica.cmd(&["GET", &storage_key("replicated")]);
+    let on_primary: Option<String> = primary.cmd(&["GET", &storage_key(PREFIX, "replicated")]);
+    let on_replica: Option<String> = replica.cmd(&["GET", &storage_key(PREFIX, "replicated")]);
     assert!(on_primary.is_some());
     assert_eq!(on_primary, on_replica);
     assert!(guard.release().await.unwrap());
@@ -188,7 +193,10 @@ async fn min_replicas_succeeds_when_replicated_and_fails_cleanly_when_not() {
         "{err}"
     );
     assert!(began.elapsed() < bound, "took {:?}", began.elapsed());
-    assert_eq!(primary.cmd::<i64>(&["EXISTS", &storage_key("two")]), 0);
+    assert_eq!(
+        primary.cmd::<i64>(&["EXISTS", &storage_key(PREFIX, "two")]),
+        0
+    );
 
     // The replica gone: min_replicas 1 fails the same way.
     replica.stop();
@@ -219,7 +227,10 @@ async fn min_replicas_succeeds_when_replicated_and_fails_cleanly_when_not() {
         "{err}"
     );
     assert!(began.elapsed() < bound, "took {:?}", began.elapsed());
-    assert_eq!(primary.cmd::<i64>(&["EXISTS", &storage_key("alone")]), 0);
+    assert_eq!(
+        primary.cmd::<i64>(&["EXISTS", &storage_key(PREFIX, "alone")]),
+        0
+    );
 
     // A client without min_replicas is unaffected.
     let plain = LockClient::builder()

@@ -4,11 +4,14 @@
 //! must not race with other threads hitting the same callsites first.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lock_core::{ErrorKind, LockClient, LockOptions};
+mod support;
+
+use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::RedisServer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::client_with;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
@@ -87,14 +90,11 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     }
 }
 
-async fn client_for(server: &RedisServer) -> LockClient {
+/// The clients of this file.
+fn settings() -> LockClientBuilder {
     LockClient::builder()
-        .url(server.url())
         .key_prefix("obs:")
         .operation_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -103,8 +103,8 @@ async fn spans_and_events_name_the_key_and_never_the_token() {
     let _default =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
     let mut server = RedisServer::start();
-    let client = client_for(&server).await;
-    let other_process = client_for(&server).await;
+    let client = client_with(&server, settings()).await;
+    let other_process = client_with(&server, settings()).await;
 
     let held = client
         .lock("order:1", Duration::from_secs(5))

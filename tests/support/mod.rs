@@ -1,0 +1,238 @@
+//! What the integration tests share: the backends a lock runs on, clients
+//! whose failure to connect shows the servers' logs, where a lock's key is
+//! stored, and bounded polling.
+//!
+//! A test file that needs it says `mod support;`. Each test file is a
+//! binary of its own and none uses every item, hence `dead_code` allowed
+//! for the whole module.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{Backoff, LockClient, LockClientBuilder, MemoryStore};
+use lock_testkit::{RedisCluster, RedisServer, start_servers};
+use std::future::Future;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// The Redis key that holds lock `key` of a client with key prefix `prefix`
+/// (what `LockClient::storage_key` returns). The braces make `key` the hash
+/// tag, so a lock and its fence counter share a cluster slot.
+pub fn storage_key(prefix: &str, key: &str) -> String {
+    format!("{prefix}{{{key}}}")
+}
+
+/// How long [`eventually`] waits between two looks.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Polls `check` until it holds; fails the test, naming `what`, once `bound`
+/// has passed.
+pub async fn eventually(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    eventually_async(bound, what, || std::future::ready(check())).await;
+}
+
+/// [`eventually`] for a check that awaits (a ping, a lock and release).
+pub async fn eventually_async<F, Fut>(bound: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < bound, "not within {bound:?}: {what}");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Spawns `acquiring` and returns once it has made its first attempt and
+/// waits: it has been polled once and is still pending. The task panics if
+/// that first poll already completes it.
+pub async fn spawn_waiting<T: Send + 'static>(
+    acquiring: impl Future<Output = T> + Send + 'static,
+) -> JoinHandle<T> {
+    let (queued_tx, queued_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut acquiring = std::pin::pin!(acquiring);
+        tokio::select! {
+            biased;
+            _ = &mut acquiring => panic!("acquired while held"),
+            () = std::future::ready(()) => {}
+        }
+        let _ = queued_tx.send(());
+        acquiring.await
+    });
+    queued_rx.await.expect("the waiting task ended early");
+    task
+}
+
+/// A backoff so slow (5 s between attempts) that only hearing the release
+/// gets a waiter in quickly.
+pub fn slow_backoff() -> Backoff {
+    Backoff::new(Duration::from_secs(5), Duration::from_secs(5))
+}
+
+/// How many connections to `server` listen on `channel` (`PUBSUB NUMSUB`).
+/// A waiter listens on its lock's storage key for the release.
+pub fn subscribers(server: &RedisServer, channel: &str) -> i64 {
+    let (_, count): (String, i64) = server.cmd(&["PUBSUB", "NUMSUB", channel]);
+    count
+}
+
+/// Where a test's locks are stored: what a client builder is pointed at,
+/// and the logs that explain a failure to get there.
+pub trait Store {
+    /// `builder`, pointed at this store.
+    fn point(&self, builder: LockClientBuilder) -> LockClientBuilder;
+
+    /// The servers' logs, for the message of a failed test.
+    fn logs(&self) -> String;
+}
+
+impl Store for RedisServer {
+    fn point(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        builder.url(self.url())
+    }
+
+    fn logs(&self) -> String {
+        self.log()
+    }
+}
+
+impl Store for RedisCluster {
+    fn point(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        builder.cluster(self.urls())
+    }
+
+    fn logs(&self) -> String {
+        self.nodes().logs()
+    }
+}
+
+/// Independent servers: Redlock.
+impl Store for [RedisServer] {
+    fn point(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        builder.urls(self.iter().map(RedisServer::url))
+    }
+
+    fn logs(&self) -> String {
+        self.iter()
+            .map(|server| format!("--- {} ---\n{}\n", server.url(), server.log()))
+            .collect()
+    }
+}
+
+impl Store for Vec<RedisServer> {
+    fn point(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        self.as_slice().point(builder)
+    }
+
+    fn logs(&self) -> String {
+        self.as_slice().logs()
+    }
+}
+
+/// A client of `store` whose keys start with `prefix`, with the builder's
+/// defaults for everything else.
+pub async fn client_for(store: &(impl Store + ?Sized), prefix: &str) -> LockClient {
+    client_with(store, LockClient::builder().key_prefix(prefix)).await
+}
+
+/// `builder` (the test's key prefix, timeouts and so on) pointed at `store`
+/// and built.
+pub async fn client_with(store: &(impl Store + ?Sized), builder: LockClientBuilder) -> LockClient {
+    build(store.point(builder), store).await
+}
+
+/// Builds `builder`, already pointed where it should go (a proxy in front
+/// of `store`, say); a failure fails the test with `store`'s logs.
+pub async fn build(builder: LockClientBuilder, store: &(impl Store + ?Sized)) -> LockClient {
+    builder
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("building a client failed: {e}\n{}", store.logs()))
+}
+
+/// A backend lock-core runs on, with the servers behind it: the cases that
+/// must hold everywhere run on each.
+pub enum Backend {
+    /// The in-memory store: clients on it stand for processes sharing it.
+    Memory(MemoryStore),
+    /// One `redis-server`.
+    Server(RedisServer),
+    /// A Redis Cluster of three primaries.
+    Cluster(RedisCluster),
+    /// Redlock over three independent `redis-server`s.
+    Redlock(Vec<RedisServer>),
+}
+
+impl Backend {
+    /// A fresh in-memory store.
+    pub fn memory() -> Backend {
+        Backend::Memory(MemoryStore::new())
+    }
+
+    /// A `redis-server` of its own.
+    pub fn server() -> Backend {
+        Backend::Server(RedisServer::start())
+    }
+
+    /// A cluster of three primaries without replicas.
+    pub fn cluster() -> Backend {
+        Backend::Cluster(RedisCluster::start(3, 0))
+    }
+
+    /// Three independent servers.
+    pub fn redlock() -> Backend {
+        Backend::Redlock(start_servers(3))
+    }
+
+    /// Whether `storage_key` is held anywhere. The in-memory store shows no
+    /// keys: there, whether any lock is held.
+    pub fn holds(&self, storage_key: &str) -> bool {
+        match self {
+            Backend::Memory(store) => store.held() > 0,
+            Backend::Server(server) => server.cmd(&["EXISTS", storage_key]),
+            Backend::Cluster(cluster) => {
+                let primary = cluster
+                    .primary_of_key(storage_key)
+                    .unwrap()
+                    .expect("every slot has a primary");
+                cluster.nodes()[primary].cmd(&["EXISTS", storage_key])
+            }
+            Backend::Redlock(servers) => servers
+                .iter()
+                .any(|server| server.cmd(&["EXISTS", storage_key])),
+        }
+    }
+
+    /// Whether nothing at all is stored: no lock, no fence counter (the
+    /// in-memory store shows only its locks).
+    pub fn is_empty(&self) -> bool {
+        let empty = |server: &RedisServer| server.cmd::<i64>(&["DBSIZE"]) == 0;
+        match self {
+            Backend::Memory(store) => store.held() == 0,
+            Backend::Server(server) => empty(server),
+            Backend::Cluster(cluster) => cluster.nodes().iter().all(empty),
+            Backend::Redlock(servers) => servers.iter().all(empty),
+        }
+    }
+}
+
+impl Store for Backend {
+    fn point(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        match self {
+            Backend::Memory(store) => builder.in_memory(store),
+            Backend::Server(server) => server.point(builder),
+            Backend::Cluster(cluster) => cluster.point(builder),
+            Backend::Redlock(servers) => servers.point(builder),
+        }
+    }
+
+    fn logs(&self) -> String {
+        match self {
+            Backend::Memory(_) => String::from("(in memory: no server log)"),
+            Backend::Server(server) => server.logs(),
+            Backend::Cluster(cluster) => cluster.logs(),
+            Backend::Redlock(servers) => servers.logs(),
+        }
+    }
+}
