@@ -6,7 +6,7 @@
 use crate::backend::{Attempt, LockKeys, Subscription};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{LockGuard, Renewal};
-use crate::lease::{HoldLimits, Lease, MIN_TTL, check_duration, renewal_due, validity_end};
+use crate::lease::{HoldLimits, Lease, MIN_TTL, renewal_due, validity_end};
 use crate::observe;
 use crate::options::LockOptions;
 use crate::queue::{Front, HandedLease, Handoff, Next, Owner, Position, Taken, YIELD};
@@ -49,10 +49,9 @@ impl LockClient {
     fn request<'k>(&self, key: &'k str, options: &LockOptions) -> Result<Request<'k>, LockError> {
         let inner = &self.inner;
         let ttl = options.ttl;
-        check_duration("ttl", ttl, MIN_TTL).map_err(|e| e.with_key(key))?;
-        let wait = options.wait.unwrap_or(inner.default_wait);
-        check_duration("wait", wait, Duration::ZERO).map_err(|e| e.with_key(key))?;
-        options.holds.check(ttl).map_err(|e| e.with_key(key))?;
+        let wait = options
+            .check(inner.default_wait)
+            .map_err(|e| e.with_key(key))?;
         let storage_key = inner.shared_storage_key(key)?;
         let fence_key = options.fencing.then(|| fence_key(&storage_key));
         let started = Instant::now();

@@ -1,6 +1,7 @@
 //! [`LockOptions`]: how one acquisition behaves.
 
-use crate::lease::HoldLimits;
+use crate::error::LockError;
+use crate::lease::{HoldLimits, MIN_TTL, check_duration};
 use std::time::Duration;
 
 /// How one acquisition behaves: lease length, how long to wait, renewal,
@@ -77,6 +78,16 @@ impl LockOptions {
     pub fn max_hold(mut self, max_hold: Duration) -> LockOptions {
         self.holds.max = Some(max_hold);
         self
+    }
+
+    /// Checks every duration; returns the wait, `default_wait` when none
+    /// was set.
+    pub(crate) fn check(&self, default_wait: Duration) -> Result<Duration, LockError> {
+        check_duration("ttl", self.ttl, MIN_TTL)?;
+        let wait = self.wait.unwrap_or(default_wait);
+        check_duration("wait", wait, Duration::ZERO)?;
+        self.holds.check(self.ttl)?;
+        Ok(wait)
     }
 
     /// The lease length.
