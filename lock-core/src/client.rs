@@ -2,11 +2,14 @@
 
 use crate::backend::{Backend, MemoryStore};
 use crate::builder::LockClientBuilder;
+use crate::current;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::LockGuard;
+use crate::lease::Lease;
 use crate::observe;
 use crate::options::LockOptions;
 use crate::state::LockClient;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -75,7 +78,44 @@ impl LockClient {
     /// [`HandoffBudget`](crate::HandoffBudget)); across processes, a waiter
     /// hears a release at once through Redis pub/sub, with its backoff timer
     /// as the fallback.
+    ///
+    /// # Re-entry
+    ///
+    /// Inside a `#[distributed_lock]` body, asking for a key that body (or
+    /// an enclosing one of the same task) holds through this client (or a
+    /// clone of it) **re-enters**: the guard comes at once, with no Redis
+    /// command and no queueing, and stands for the held lease (see
+    /// [`LockGuard`]). Releasing or dropping it leaves the lock held; only
+    /// the outermost body releases. A re-entry keeps the outer lease as it
+    /// is:
+    ///
+    /// - `ttl`, `wait`, `renew`, `min_hold` and `max_hold` are checked as
+    ///   usual but not applied: the lease keeps the outer ttl, renewal and
+    ///   hold limits, and nothing is waited for.
+    /// - The fencing token is the outer one. Asking for fencing when the
+    ///   outer lock was taken without it is an [`ErrorKind::Config`] error:
+    ///   there is no token to give, and taking one now would not fence the
+    ///   writes made before.
+    /// - When the outer lease is already known lost, the error is
+    ///   [`ErrorKind::Lost`] at once.
+    ///
+    /// What does not re-enter, and waits like any other owner:
+    ///
+    /// - a task spawned inside the body: it is another task, and gets the
+    ///   lock once the body releases it;
+    /// - another client (not a clone of this one), even on the same servers;
+    /// - a lock taken with the guard API outside any annotated body: a task
+    ///   holding a guard that asks again for the same key waits for that
+    ///   guard, up to the wait, and gets [`ErrorKind::Contended`].
+    ///
+    /// Futures the body awaits, joins or selects on run in its task and do
+    /// re-enter.
     pub async fn lock_with(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        // Outside annotated bodies, the one cost here is a failed
+        // task-local lookup.
+        if let Some(lease) = current::held(&self.inner, key) {
+            return self.reenter(key, &options, lease);
+        }
         let span = tracing::debug_span!(
             "lock",
             key,
@@ -96,6 +136,33 @@ impl LockClient {
             started,
         );
         result
+    }
+
+    /// A re-entry of `lease`, which an enclosing annotated body of this task
+    /// holds on `key`; the rules are in [`lock_with`](Self::lock_with).
+    fn reenter(
+        &self,
+        key: &str,
+        options: &LockOptions,
+        lease: Arc<Lease>,
+    ) -> Result<LockGuard, LockError> {
+        // Bad options are a bug wherever the call is made: reported the same
+        // inside a body as outside.
+        options
+            .check(self.inner.default_wait)
+            .map_err(|e| e.with_key(key))?;
+        if options.fences() && lease.fence.is_none() {
+            return Err(LockError::config(
+                "fencing asked for on a lock this task already holds without a fencing token; \
+                 take the outermost lock with fencing",
+            )
+            .with_key(key));
+        }
+        if lease.is_lost() {
+            return Err(LockError::lost(key));
+        }
+        observe::reentered(key);
+        Ok(LockGuard::reentry(self.inner.clone(), lease))
     }
 
     /// The Redis key a lock named `key` is stored under: the prefix, then the

@@ -1,9 +1,18 @@
-//! Which lock the running annotated body holds.
+//! What this task holds through annotated bodies: the lock the running body
+//! runs under ([`current_lock`]), and the locks a nested acquisition of the
+//! same key re-enters instead of waiting behind itself.
 
+use crate::lease::Lease;
+use crate::state::ClientInner;
 use std::future::Future;
+use std::sync::Arc;
 
 tokio::task_local! {
-    static CURRENT: LockInfo;
+    /// The innermost annotated body this task runs; each level points at
+    /// the one around it. A task-local rather than a map keyed by task id:
+    /// tokio restores the outer level when a body ends or is dropped, and a
+    /// spawned task starts without one, so it is another owner by itself.
+    static CURRENT: Arc<Level>;
 }
 
 /// The lock an annotated function's body runs under; see [`current_lock`].
@@ -23,22 +32,70 @@ impl LockInfo {
         &self.key
     }
 
-    /// The fencing token, with `fencing = true`.
+    /// The fencing token, with `fencing = true`, or the one the outermost
+    /// body took when this body re-entered a lock it holds.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
     }
 }
 
+/// One annotated body on this task's stack.
+pub(crate) struct Level {
+    info: LockInfo,
+    /// The client the lock was taken through: another client is another
+    /// owner, even on the same servers.
+    client: Arc<ClientInner>,
+    /// The lease held, shared with the guard of the outermost body of this
+    /// key (re-entered levels share it too), so a re-entry sees its loss.
+    lease: Arc<Lease>,
+    outer: Option<Arc<Level>>,
+}
+
 /// The lock the current `#[distributed_lock]` body runs under, or `None`
-/// outside one. In nested annotated calls each body sees its own lock.
+/// outside one. In nested annotated calls each body sees its own lock; a
+/// body that re-entered a lock its caller holds sees that lock (same key,
+/// same fencing token).
 ///
 /// ```
 /// assert!(lock_core::current_lock().is_none());
 /// ```
 pub fn current_lock() -> Option<LockInfo> {
-    CURRENT.try_with(LockInfo::clone).ok()
+    CURRENT.try_with(|level| level.info.clone()).ok()
 }
 
-pub(crate) fn scope<F: Future>(info: LockInfo, body: F) -> impl Future<Output = F::Output> {
-    CURRENT.scope(info, body)
+/// The lease this task holds on `key` through `client` in an enclosing
+/// annotated body, if any. Outside every annotated body this is one failed
+/// task-local lookup.
+pub(crate) fn held(client: &Arc<ClientInner>, key: &str) -> Option<Arc<Lease>> {
+    CURRENT
+        .try_with(|innermost| {
+            let mut level = Some(innermost);
+            while let Some(here) = level {
+                if Arc::ptr_eq(&here.client, client) && here.info.key == key {
+                    return Some(here.lease.clone());
+                }
+                level = here.outer.as_ref();
+            }
+            None
+        })
+        .ok()
+        .flatten()
+}
+
+/// Runs `body` as a new innermost level: holding `lease` on `info`'s key
+/// through `client`.
+pub(crate) fn scope<F: Future>(
+    info: LockInfo,
+    client: Arc<ClientInner>,
+    lease: Arc<Lease>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    let outer = CURRENT.try_with(Arc::clone).ok();
+    let level = Level {
+        info,
+        client,
+        lease,
+        outer,
+    };
+    CURRENT.scope(Arc::new(level), body)
 }

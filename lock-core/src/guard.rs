@@ -31,6 +31,14 @@ pub(crate) enum Renewal {
 /// [`is_lost`](Self::is_lost) or await [`lost`](Self::lost), and use
 /// [`fencing_token`](Self::fencing_token) with the protected resource when a
 /// late writer must be refused.
+///
+/// A guard taken inside a `#[distributed_lock]` body, through the same
+/// client, on a key that body (or one around it) holds is a **re-entry**:
+/// it was granted at once, without a Redis command, and stands for the lock
+/// the body holds. Its `is_lost`, `lost`, `remaining`, `ttl` and
+/// `fencing_token` describe that lease; releasing or dropping it leaves the
+/// lock held, and [`extend`](Self::extend) refuses. See
+/// [`LockClient::lock_with`](crate::LockClient::lock_with).
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     client: Arc<ClientInner>,
@@ -66,6 +74,24 @@ impl LockGuard {
             first_in_queue: true,
             owner,
         }
+    }
+
+    /// A re-entry of `lease`, held by an enclosing annotated body of this
+    /// task: it neither renews nor releases, and is nobody in the queue.
+    pub(crate) fn reentry(client: Arc<ClientInner>, lease: Arc<Lease>) -> LockGuard {
+        LockGuard {
+            client,
+            lease,
+            heartbeat: None,
+            stage: Stage::Reentry,
+            first_in_queue: false,
+            owner: 0,
+        }
+    }
+
+    /// The client and the lease, for the task scope of an annotated body.
+    pub(crate) fn holding(&self) -> (&Arc<ClientInner>, &Arc<Lease>) {
+        (&self.client, &self.lease)
     }
 
     /// The key as the caller named it (without the client's prefix).
@@ -124,8 +150,18 @@ impl LockGuard {
     ///
     /// Errors: [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lock is no longer ours,
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) when Redis did not answer in time (the
-    /// lease is unchanged, and the heartbeat keeps trying).
+    /// lease is unchanged, and the heartbeat keeps trying),
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) on a re-entry (see the type's docs): the
+    /// lease belongs to the outermost holder, whose ttl and renewal stay as
+    /// they were taken.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        if matches!(self.stage, Stage::Reentry) {
+            return Err(LockError::config(
+                "this guard re-entered a lock an enclosing annotated body holds; \
+                 its lease is the outer one's: give the outermost lock the ttl it needs",
+            )
+            .with_key(self.key()));
+        }
         if ttl < MIN_TTL || ttl > MAX_DURATION {
             return Err(LockError::config(format!(
                 "ttl {ttl:?} is out of range ({MIN_TTL:?} to 24h)"
@@ -185,7 +221,15 @@ impl LockGuard {
     /// expired or been taken by another owner, whose lock is left untouched.
     /// An error ([`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable)) comes within the operation
     /// timeout; the lease then expires by itself.
+    ///
+    /// A re-entry (see the type's docs) sends nothing and leaves the lock
+    /// held: `Ok(true)` while the outer lease is held, `Ok(false)` once it is
+    /// known lost.
     pub async fn release(mut self) -> Result<bool, LockError> {
+        if matches!(self.stage, Stage::Reentry) {
+            self.stage = Stage::Done;
+            return Ok(!self.lease.is_lost());
+        }
         self.stop_heartbeat();
         let lease = self.lease.clone();
         let keep_for = lease.keep_for();
@@ -285,7 +329,8 @@ impl Drop for LockGuard {
                 self.release_in_background();
                 spent
             }
-            Stage::Done => false,
+            // The enclosing body owns the lease and releases it.
+            Stage::Reentry | Stage::Done => false,
         };
         self.leave_queue(spent);
     }
@@ -334,6 +379,9 @@ enum Stage {
     /// `release` sent (or is about to send) its command and awaits the
     /// answer; `spent`: a hand-off budget ran out.
     Releasing { spent: bool },
+    /// A re-entry of a lease an enclosing annotated body holds: never
+    /// renewed, released or handed on from here.
+    Reentry,
     /// Released, handed on, or dropped.
     Done,
 }

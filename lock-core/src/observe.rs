@@ -8,6 +8,7 @@
 //! | WARN `lock renewal failed`: `key` (the first of the round), `leases`, `error` | a renewal round that could not reach Redis |
 //! | WARN `lock lost`: `key`, `reason` | a held lock found lost |
 //! | DEBUG `lock released`: `key`, `held_ms`, `owned` | each release |
+//! | DEBUG `lock re-entered`: `key` | a nested acquisition of a lock the task holds |
 //!
 //! Keys are logged as the caller named them; tokens never are. With the
 //! `metrics` feature: counters `lock_core_acquired_total`,
@@ -82,6 +83,12 @@ pub(crate) fn lost(key: &str, reason: &'static str) {
     tracing::warn!(key, reason, "lock lost");
     #[cfg(feature = "metrics")]
     metrics::counter!("lock_core_lost_total").increment(1);
+}
+
+/// A nested acquisition of a lock this task holds: granted without a
+/// round trip, so it is neither an acquisition nor, later, a release.
+pub(crate) fn reentered(key: &str) {
+    tracing::debug!(key, "lock re-entered");
 }
 
 /// A lock let go of after `held`; `owned`: it was still ours.

@@ -179,6 +179,10 @@ impl<T, E> LockResult for Result<T, E> {
 ///   [`OnLost::Continue`] the body finishes and its result is returned.
 ///
 /// Inside the body [`current_lock`](crate::current_lock) describes this lock.
+///
+/// Nested in a body of this task that holds `key` through the same client,
+/// `lock_with` re-enters: the body runs under the outer lease, is aborted
+/// when that lease is lost, and the release at its end sends nothing.
 pub async fn run<T, E, F>(
     client: Result<&LockClient, LockError>,
     key: String,
@@ -198,7 +202,9 @@ where
         Err(e) => return Err(E::from_lock_error(e)),
     };
     let info = LockInfo::new(key, guard.fencing_token());
-    let body = crate::current::scope(info, AssertUnwindSafe(body).catch_unwind());
+    let (held_by, lease) = guard.holding();
+    let body = AssertUnwindSafe(body).catch_unwind();
+    let body = crate::current::scope(info, held_by.clone(), lease.clone(), body);
     let outcome = match attr.on_lost {
         OnLost::Abort => {
             tokio::select! {
