@@ -72,23 +72,30 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // From the bottom layer up: a module uses only those above it in this list.
-mod acquire;
-mod backend;
+// (Blank lines keep rustfmt from sorting the layers into one alphabet.)
 mod backoff;
-mod builder;
-mod client;
-mod current;
 mod error;
+mod scripts;
+mod token;
+
+mod observe;
+
+mod lease;
+mod options;
+
+mod backend;
+mod heartbeat;
+mod queue;
+
+mod state;
+
+mod current;
 mod global;
 mod guard;
-mod heartbeat;
-mod lease;
-mod observe;
-mod options;
-mod queue;
-mod scripts;
-mod state;
-mod token;
+
+mod acquire;
+mod builder;
+mod client;
 
 #[doc(hidden)]
 pub mod __private {
