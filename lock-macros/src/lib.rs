@@ -235,6 +235,39 @@ use proc_macro::TokenStream;
 ///   the lock is released in the background at once, not after the ttl.
 /// - The lock is lost while the body runs: see `on_lost`.
 ///
+/// # Re-entry
+///
+/// A body that calls another annotated function (or itself) with the same
+/// rendered key, through the same client or a clone of it, does not wait
+/// behind its own lock: the nested call **re-enters** at once, with no
+/// Redis command. Its body runs under the outer lease, and
+/// [`lock_core::current_lock()`] there gives the same key and fencing
+/// token. The nested return does not release; the outermost one does. With
+/// `on_lost = "abort"` the nested body is still aborted when the shared
+/// lease is lost. The guard API (`lock`, `lock_with`, `try_lock`) called in
+/// the body re-enters the same way.
+///
+/// A re-entry keeps the outer lease as it is: the nested call's `ttl`,
+/// `wait`, `renew`, `min_hold` and `max_hold` are not applied, and
+/// `fencing = true` under an outer lock taken without fencing returns a
+/// `Config` error (there is no token to give). A lease already lost gives a
+/// `Lost` error at once.
+///
+/// Not a re-entry, and so waits like any other owner: a task spawned inside
+/// the body (another task), another client, and a lock taken with the
+/// guard API in a plain task (there is no body to remember it: asking
+/// again for the same key in that task waits for that guard).
+///
+/// ```ignore
+/// #[distributed_lock(key = "account:{id}")]
+/// async fn transfer(id: u64, amount: i64) -> Result<(), LockError> {
+///     debit(id, amount).await // re-enters `account:{id}`: no second round trip
+/// }
+///
+/// #[distributed_lock(key = "account:{id}")]
+/// async fn debit(id: u64, amount: i64) -> Result<(), LockError> { .. }
+/// ```
+///
 /// # Compile errors
 ///
 /// Each is reported on the token to fix, several at once, and the function
