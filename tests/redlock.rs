@@ -99,11 +99,17 @@ async fn extend_to_a_shorter_ttl_shortens_the_lease_on_every_server() {
         .await
         .unwrap();
     guard.extend(Duration::from_millis(300)).await.unwrap();
-    // Every server answered before `extend` returned.
-    for server in &servers {
+    let shortened = |server: &RedisServer| {
         let pttl: i64 = server.cmd(&["PTTL", &storage_key(PREFIX, "k")]);
-        assert!((1..=300).contains(&pttl), "pttl {pttl} on {}", server.url());
-    }
+        // -2: already expired.
+        pttl == -2 || (1..=300).contains(&pttl)
+    };
+    // A majority answered before `extend` returned; the rest follow.
+    assert!(servers.iter().filter(|s| shortened(s)).count() >= 2);
+    eventually(Duration::from_secs(2), "every server shortened", || {
+        servers.iter().all(shortened)
+    })
+    .await;
     assert_eq!(guard.ttl(), Duration::from_millis(300));
 }
 
