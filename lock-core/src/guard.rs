@@ -326,7 +326,9 @@ impl Drop for LockGuard {
             // `release` was dropped before its answer came: the command may
             // never have been sent.
             Stage::Releasing { spent } => {
+                let owned = !self.lease.is_lost();
                 self.release_in_background();
+                observe::released(self.key(), self.lease.acquired, owned);
                 spent
             }
             // The enclosing body owns the lease and releases it.
