@@ -26,7 +26,7 @@ const LOCK_CLIENT_RULES: &[&str] = &[
     "+del",
     "+pexpire",
     "+pttl",
-    "+incr",
+    "+time",
     "+evalsha",
     "+script|load",
     "+publish",
@@ -224,9 +224,9 @@ async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
     assert_denied(&err, "may not run `evalsha`");
     assert!(err.to_string().contains("ACL SETUSER <user> +evalsha"));
 
-    // No INCR: plain locks work, a fencing token is refused at acquisition.
-    create_user(&server, "no-incr", &rules_without("+incr", &[]));
-    let client = client_as(&server, "no-incr").await;
+    // No TIME: plain locks work, a fencing token is refused at acquisition.
+    create_user(&server, "no-time", &rules_without("+time", &[]));
+    let client = client_as(&server, "no-time").await;
     let guard = client.lock("b", Duration::from_secs(5)).await.unwrap();
     assert!(guard.release().await.unwrap());
     let _: () = server.cmd(&["ACL", "LOG", "RESET"]);
@@ -234,14 +234,14 @@ async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
         .fencing(true)
         .wait(Duration::ZERO);
     let err = client.lock_with("c", opts).await.unwrap_err();
-    let text = assert_denied(&err, "+incr");
+    let text = assert_denied(&err, "+time");
     assert!(text.contains("script"), "{text}");
     assert_eq!(err.key(), Some("c"));
     // The server's ACL LOG names the command the script was refused.
     let log = denials(&server);
     assert!(
         log.iter()
-            .any(|d| d.object == "incr" && d.context == "lua" && d.username == "no-incr"),
+            .any(|d| d.object == "time" && d.context == "lua" && d.username == "no-time"),
         "{log:?}"
     );
 

@@ -161,12 +161,13 @@ async fn scripts_survive_script_flush() {
     let client = client_with(&server, settings()).await;
     let opts = LockOptions::new(Duration::from_secs(5)).fencing(true);
     let guard = client.lock_with("k", opts.clone()).await.unwrap();
+    let first = guard.fencing_token().unwrap();
     guard.extend(Duration::from_secs(5)).await.unwrap();
     assert!(guard.release().await.unwrap());
 
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
     let guard = client.lock_with("k", opts).await.unwrap();
-    assert_eq!(guard.fencing_token(), Some(2));
+    assert!(guard.fencing_token().unwrap() > first);
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
     guard.extend(Duration::from_secs(5)).await.unwrap();
     let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
@@ -520,4 +521,60 @@ async fn a_foreign_key_in_a_renewal_batch_loses_only_its_own_lock() {
     );
     let kind: String = server.cmd(&["TYPE", &key_a]);
     assert_eq!(kind, "hash", "the other program's key was touched");
+}
+
+/// The fence counter of lock `key`.
+fn fence_key(key: &str) -> String {
+    format!("{}:fence", storage_key(PREFIX, key))
+}
+
+#[tokio::test]
+async fn fence_counters_expire_and_tokens_still_grow_after_one_expired() {
+    let server = RedisServer::start();
+    let client = client_with(&server, settings()).await;
+    let day_ms: i64 = 24 * 60 * 60 * 1000;
+    let fenced = |ttl| LockOptions::new(ttl).fencing(true);
+
+    let guard = client
+        .lock_with("k", fenced(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let first = guard.fencing_token().unwrap();
+    assert!(guard.release().await.unwrap());
+    // Kept a day after the last fenced acquisition: it does not pile up.
+    let pttl: i64 = server.cmd(&["PTTL", &fence_key("k")]);
+    assert!((day_ms - 60_000..=day_ms).contains(&pttl), "pttl {pttl}");
+
+    // Gone (as after its retention): the next token is still larger.
+    let _: () = server.cmd(&["DEL", &fence_key("k")]);
+    let guard = client
+        .lock_with("k", fenced(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let second = guard.fencing_token().unwrap();
+    assert!(second > first, "{second} after {first}");
+    assert!(guard.release().await.unwrap());
+
+    // Twenty holders, the counter deleted now and then: strictly growing.
+    let mut last = second;
+    for i in 0..20 {
+        if i % 3 == 0 {
+            let _: () = server.cmd(&["DEL", &fence_key("k")]);
+        }
+        let guard = client
+            .lock_with("k", fenced(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let token = guard.fencing_token().unwrap();
+        assert!(token > last, "holder {i}: {token} after {last}");
+        last = token;
+        assert!(guard.release().await.unwrap());
+    }
+
+    // A ttl longer than a tenth of a day keeps its counter ten ttls.
+    let long = Duration::from_secs(3 * 60 * 60);
+    let guard = client.lock_with("long", fenced(long)).await.unwrap();
+    let pttl: i64 = server.cmd(&["PTTL", &fence_key("long")]);
+    assert!(pttl > 10 * 3 * 60 * 60 * 1000 - 60_000, "pttl {pttl}");
+    assert!(guard.release().await.unwrap());
 }

@@ -345,3 +345,37 @@ async fn fencing_tokens_increase_across_holders_through_node_stops_and_restarts(
         "only {granted} of {ROUNDS} acquisitions succeeded"
     );
 }
+
+#[tokio::test]
+async fn fence_counters_expire_on_every_server_and_tokens_grow_after_they_are_gone() {
+    let servers = start_servers(3);
+    let client = client_with(&servers, settings(Duration::from_millis(200))).await;
+    let fence_key = format!("{}:fence", storage_key(PREFIX, "k"));
+    let fenced = LockOptions::new(Duration::from_secs(5)).fencing(true);
+    let mut last = 0;
+    for holder in 0..6 {
+        if holder % 2 == 1 {
+            // As after the counters' retention: gone everywhere.
+            for server in &servers {
+                let _: () = server.cmd(&["DEL", &fence_key]);
+            }
+        }
+        let guard = client.lock_with("k", fenced.clone()).await.unwrap();
+        let token = guard.fencing_token().unwrap();
+        assert!(token > last, "holder {holder}: {token} after {last}");
+        last = token;
+        assert!(guard.release().await.unwrap());
+    }
+    // Each counter was given (or lifted with) an expiry of about a day.
+    eventually(
+        Duration::from_secs(2),
+        "every counter has an expiry",
+        || {
+            servers.iter().all(|server| {
+                let pttl: i64 = server.cmd(&["PTTL", &fence_key]);
+                pttl > 23 * 60 * 60 * 1000
+            })
+        },
+    )
+    .await;
+}

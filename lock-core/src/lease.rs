@@ -21,6 +21,15 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// mistake.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// How long a fence counter is kept after the last fenced acquisition of
+/// its lock: a day, or ten ttls when that is longer. Past it the counter
+/// expires, and the next token starts from the server's clock (in
+/// microseconds), above every token it gave as long as that clock has not
+/// stepped back by more than this.
+pub(crate) fn fence_retention(ttl: Duration) -> Duration {
+    (ttl.saturating_mul(10)).max(Duration::from_secs(24 * 60 * 60))
+}
+
 /// When a lease of `ttl` acquired or renewed at `from` is due for
 /// renewal: a third of its ttl later (as Redisson's watchdog and most lock
 /// libraries do), which leaves two more tries before it expires.

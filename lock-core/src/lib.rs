@@ -42,7 +42,7 @@
 //! let guard = client
 //!     .lock_with("order:42", LockOptions::new(Duration::from_secs(30)).fencing(true))
 //!     .await?;
-//! assert_eq!(guard.fencing_token(), Some(1));
+//! assert!(guard.fencing_token().is_some());
 //! // Another replica of the service cannot take it meanwhile.
 //! let replica = LockClient::in_memory_on(&store);
 //! assert!(replica.try_lock("order:42", Duration::from_secs(30)).await?.is_none());

@@ -56,8 +56,10 @@ impl LockOptions {
 
     /// Whether to take a fencing token: a number that grows with every
     /// successive holder of the key, for the protected resource to check
-    /// (default `false`). It costs a counter key per lock key that never
-    /// expires.
+    /// (default `false`). It costs a counter key beside the lock key, kept
+    /// for a day (or ten ttls, when longer) after the last fenced
+    /// acquisition; a counter that expired starts again from the server's
+    /// clock in microseconds, above every token the old one gave.
     pub fn fencing(mut self, fencing: bool) -> LockOptions {
         self.fencing = fencing;
         self

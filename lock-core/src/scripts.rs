@@ -98,6 +98,38 @@ end
     };
 }
 
+/// Lua: `next_fence(key, keep)`, the next fencing token of the counter at
+/// `key`, stored with an expiry of `keep` milliseconds: one above the
+/// counter, and never below the server's clock in microseconds (`TIME`).
+/// So a counter may expire (one key per lock name would otherwise stay for
+/// ever) and a new one still starts above every token the old one gave: the
+/// counter never runs ahead of the clock by more than one a round trip,
+/// and by the time it expires the clock has moved far past it. Lua numbers
+/// are doubles, exact for microseconds since 1970 (below 2^53). Answers an
+/// error table when the key holds another type or is not a number.
+macro_rules! lua_fence {
+    () => {
+        r#"local function next_fence(key, keep)
+  local counter = redis.pcall("GET", key)
+  if type(counter) == "table" then
+    return counter
+  end
+  local last = 0
+  if counter then
+    last = tonumber(counter)
+    if last == nil then
+      return redis.error_reply("ERR the fence counter is not a number")
+    end
+  end
+  local now = redis.call("TIME")
+  local fence = math.max(last + 1, tonumber(now[1]) * 1000000 + tonumber(now[2]))
+  redis.call("SET", key, string.format("%.0f", fence), "PX", keep)
+  return fence
+end
+"#
+    };
+}
+
 /// Deletes the key only if it still holds our token, and tells waiters.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token. Returns 1 when our lock was deleted,
@@ -175,37 +207,40 @@ return 1"#
 /// `SET NX PX` and, when it succeeds, the next fencing token.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter (same hash slot), `ARGV[1]`
-/// token, `ARGV[2]` ttl in milliseconds. Returns the new fencing token, or 0
-/// when the lock key exists (held, or of another type: `SET NX` fails on
-/// either). The counter never expires, so tokens keep growing across
-/// holders for as long as the server keeps its data.
+/// token, `ARGV[2]` ttl in milliseconds, `ARGV[3]` how long the counter is
+/// kept, in milliseconds (refreshed at every fenced acquisition). Returns
+/// the new fencing token, or 0 when the lock key exists (held, or of
+/// another type: `SET NX` fails on either). Tokens keep growing across
+/// holders, also across a counter that expired (see `lua_fence!`).
 ///
 /// When the counter cannot be raised (another program's key of another
-/// type or not a number, an ACL without `INCR`), the lock just set is
+/// type or not a number, an ACL without `TIME`), the lock just set is
 /// deleted again and that error is the answer: Redis does not undo a
 /// script's writes, and a lock nobody knows was granted would stay held for
 /// its whole ttl. An error, not 0: the lock can never be granted while the
 /// counter key stays as it is, and "busy" would have the caller wait for
 /// nothing.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
+        lua_fence!(),
         r#"if not redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
   return 0
 end
-local fence = redis.pcall("INCR", KEYS[2])
+local fence = next_fence(KEYS[2], ARGV[3])
 if type(fence) == "table" then
   redis.call("DEL", KEYS[1])
 end
-return fence"#,
-    )
+return fence"#
+    ))
 });
 
 /// Raises the fence counter to at least `ARGV[2]`, only while `KEYS[1]`
 /// still holds our token (Redlock fencing, second step).
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]`
-/// the fencing token chosen for this acquisition. Returns 1 when the lock is
-/// ours here (and the counter is at least `ARGV[2]`), 0 otherwise: also
+/// the fencing token chosen for this acquisition, `ARGV[3]` how long the
+/// counter is kept, in milliseconds (refreshed here too). Returns 1 when the
+/// lock is ours here (and the counter is at least `ARGV[2]`), 0 otherwise: also
 /// when either key is another program's (another type, or a counter that is
 /// not a number), so the lift does not count on this server.
 pub(crate) static LIFT_FENCE: LazyLock<Script> = LazyLock::new(|| {
@@ -227,7 +262,9 @@ if current == nil then
   return 0
 end
 if current < tonumber(ARGV[2]) then
-  redis.call("SET", KEYS[2], ARGV[2])
+  redis.call("SET", KEYS[2], ARGV[2], "PX", ARGV[3])
+else
+  redis.call("PEXPIRE", KEYS[2], ARGV[3])
 end
 return 1"#
     ))
@@ -269,7 +306,8 @@ return renewed"#
 /// next fencing token.
 ///
 /// `KEYS[1]` lock key, optional `KEYS[2]` fence counter, `ARGV[1]` token,
-/// `ARGV[2]` ttl in milliseconds. Returns 0 when the lock is no longer ours
+/// `ARGV[2]` ttl in milliseconds, `ARGV[3]` (with a counter) how long the
+/// counter is kept, in milliseconds. Returns 0 when the lock is no longer ours
 /// (or either key holds another type: the caller then releases and
 /// acquires afresh); otherwise the new fencing token, or 1 without a fence
 /// counter. The counter is raised before the expiry is set, so a refusal
@@ -277,6 +315,7 @@ return renewed"#
 pub(crate) static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
+        lua_fence!(),
         r#"local ok, value = read(KEYS[1])
 if not ok then
   return value or 0
@@ -286,7 +325,7 @@ if value ~= ARGV[1] then
 end
 local answer = 1
 if KEYS[2] then
-  answer = redis.pcall("INCR", KEYS[2])
+  answer = next_fence(KEYS[2], ARGV[3])
   if type(answer) == "table" then
     if string.sub(answer.err, 1, 9) == "WRONGTYPE" then
       return 0

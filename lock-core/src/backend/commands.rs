@@ -2,6 +2,7 @@
 
 use super::{Attempt, BATCH, ClusterNode, LockKeys, MinReplicas, Node, Renewable};
 use crate::error::{ErrorKind, LockError};
+use crate::lease::fence_retention;
 use crate::scripts::{self, Eval};
 use crate::token::{TOKEN_BYTES, Token};
 use futures::future::join_all;
@@ -62,7 +63,11 @@ macro_rules! lock_commands {
                     Some(fence_key) => {
                         self.call(limit, false, |mut conn| {
                             let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
-                            inv.key(keys.lock).key(fence_key).arg(token).arg(ttl_ms);
+                            inv.key(keys.lock)
+                                .key(fence_key)
+                                .arg(token)
+                                .arg(ttl_ms)
+                                .arg(ttl_millis(fence_retention(ttl)));
                             async move {
                                 let fence: u64 = inv.invoke(&mut conn).await?;
                                 if fence == 0 {
@@ -107,6 +112,9 @@ macro_rules! lock_commands {
                             inv.key(fence_key);
                         }
                         inv.arg(token).arg(ttl_ms);
+                        if keys.fence.is_some() {
+                            inv.arg(ttl_millis(fence_retention(ttl)));
+                        }
                         async move { inv.invoke(&mut conn).await }
                     })
                     .await?;
@@ -218,6 +226,7 @@ macro_rules! lock_commands {
                 keys: &LockKeys<'_>,
                 token: &Token,
                 fence: u64,
+                ttl: Duration,
                 limit: Duration,
             ) -> Result<bool, LockError> {
                 let Some(fence_key) = keys.fence else {
@@ -226,7 +235,11 @@ macro_rules! lock_commands {
                 let lifted: i64 = self
                     .call(limit, true, |mut conn| {
                         let mut inv = Eval::new(&scripts::LIFT_FENCE, 2);
-                        inv.key(keys.lock).key(fence_key).arg(token).arg(fence);
+                        inv.key(keys.lock)
+                            .key(fence_key)
+                            .arg(token)
+                            .arg(fence)
+                            .arg(ttl_millis(fence_retention(ttl)));
                         async move { inv.invoke(&mut conn).await }
                     })
                     .await?;

@@ -8,11 +8,12 @@
 
 use super::wakeup::Channels;
 use super::{Attempt, LockKeys, Renewable, Renewal};
+use crate::lease::fence_retention;
 use crate::token::Token;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// Shared storage for in-memory lock clients.
@@ -50,7 +51,8 @@ struct Store {
 #[derive(Default)]
 struct State {
     locks: HashMap<String, Held>,
-    fences: HashMap<String, u64>,
+    /// Fence counters: the last token, and when the counter expires.
+    fences: HashMap<String, (u64, Instant)>,
 }
 
 struct Held {
@@ -121,7 +123,7 @@ impl MemoryStore {
         );
         let fence = keys
             .fence
-            .map(|fence_key| next_fence(&mut state, fence_key));
+            .map(|fence_key| next_fence(&mut state, fence_key, ttl));
         Attempt::Granted { fence }
     }
 
@@ -182,7 +184,7 @@ impl MemoryStore {
         held.expires = Instant::now() + ttl;
         let fence = keys
             .fence
-            .map(|fence_key| next_fence(&mut state, fence_key));
+            .map(|fence_key| next_fence(&mut state, fence_key, ttl));
         Some(Attempt::Granted { fence })
     }
 
@@ -208,10 +210,26 @@ impl Store {
     }
 }
 
-fn next_fence(state: &mut State, fence_key: &str) -> u64 {
-    let counter = state.fences.entry(fence_key.to_owned()).or_insert(0);
-    *counter += 1;
-    *counter
+/// The next fencing token, as the fencing scripts make it: one above the
+/// counter, never below the wall clock in microseconds, and the counter kept
+/// for [`fence_retention`] from now.
+fn next_fence(state: &mut State, fence_key: &str, ttl: Duration) -> u64 {
+    let now = Instant::now();
+    let last = state
+        .fences
+        .get(fence_key)
+        .filter(|(_, expires)| *expires > now)
+        .map_or(0, |(last, _)| *last);
+    let clock = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        });
+    let fence = last.saturating_add(1).max(clock);
+    state
+        .fences
+        .insert(fence_key.to_owned(), (fence, now + fence_retention(ttl)));
+    fence
 }
 
 impl fmt::Debug for MemoryStore {
@@ -225,6 +243,42 @@ impl fmt::Debug for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn fence_counters_expire_and_the_next_token_is_still_larger() {
+        let store = MemoryStore::new();
+        let keys = LockKeys {
+            lock: "k",
+            fence: Some("k:fence"),
+        };
+        let ttl = Duration::from_secs(1);
+        let fence = |store: &MemoryStore| {
+            let token = Token::generate();
+            let Attempt::Granted { fence: Some(fence) } = store.acquire(&keys, &token, ttl) else {
+                panic!("not granted");
+            };
+            assert!(store.release("k", &token));
+            fence
+        };
+        let first = fence(&store);
+        let second = fence(&store);
+        assert!(second > first);
+        // Kept for its retention from the last acquisition.
+        let kept = store
+            .inner
+            .lock()
+            .fences
+            .get("k:fence")
+            .map(|(_, until)| *until);
+        assert!(kept.is_some_and(|until| until > Instant::now() + fence_retention(ttl) / 2));
+        // Once that has passed the counter counts for nothing; tokens
+        // still grow.
+        if let Some(counter) = store.inner.lock().fences.get_mut("k:fence") {
+            counter.1 = Instant::now();
+        }
+        let third = fence(&store);
+        assert!(third > second, "{third} after {second}");
+    }
 
     #[tokio::test]
     async fn renew_never_shortens_and_set_ttl_sets_exactly() {

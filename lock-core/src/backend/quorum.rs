@@ -216,7 +216,7 @@ impl Quorum {
         let lifted = join_all(
             granted_on
                 .iter()
-                .map(|node| node.lift_fence(keys, token, fence, per_node)),
+                .map(|node| node.lift_fence(keys, token, fence, ttl, per_node)),
         )
         .await;
         let lifted = lifted.into_iter().filter(|r| matches!(r, Ok(true))).count();
