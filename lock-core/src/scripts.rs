@@ -82,6 +82,10 @@ impl Eval {
 /// which the scripts answer as "not ours"; `false, error` for any other
 /// error (an ACL refusal), which the script returns as its answer, so that
 /// it still reads as a permission error.
+///
+/// And `not_ours(key, token)`: `nil` when `key` holds `token`, otherwise
+/// what the script answers (0, or the error), the check every script that
+/// acts on our own lock starts with.
 macro_rules! lua_read {
     () => {
         r#"local function read(key)
@@ -93,6 +97,16 @@ macro_rules! lua_read {
     return false, nil
   end
   return false, value
+end
+local function not_ours(key, token)
+  local ok, value = read(key)
+  if not ok then
+    return value or 0
+  end
+  if value ~= token then
+    return 0
+  end
+  return nil
 end
 "#
     };
@@ -141,12 +155,9 @@ end
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
-        r#"local ok, value = read(KEYS[1])
-if not ok then
-  return value or 0
-end
-if value ~= ARGV[1] then
-  return 0
+        r#"local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
 end
 redis.call("DEL", KEYS[1])
 redis.call("PUBLISH", KEYS[1], "")
@@ -167,12 +178,9 @@ return 1"#
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
-        r#"local ok, value = read(KEYS[1])
-if not ok then
-  return value or 0
-end
-if value ~= ARGV[1] then
-  return 0
+        r#"local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
 end
 if redis.call("PTTL", KEYS[1]) < tonumber(ARGV[2]) then
   redis.call("PEXPIRE", KEYS[1], ARGV[2])
@@ -192,12 +200,9 @@ return 1"#
 pub(crate) static SET_TTL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
-        r#"local ok, value = read(KEYS[1])
-if not ok then
-  return value or 0
-end
-if value ~= ARGV[1] then
-  return 0
+        r#"local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
 end
 redis.call("PEXPIRE", KEYS[1], ARGV[2])
 return 1"#
@@ -246,12 +251,9 @@ return fence"#
 pub(crate) static LIFT_FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
-        r#"local ok, value = read(KEYS[1])
-if not ok then
-  return value or 0
-end
-if value ~= ARGV[1] then
-  return 0
+        r#"local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
 end
 local counted, counter = read(KEYS[2])
 if not counted then
@@ -316,12 +318,9 @@ pub(crate) static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
         lua_fence!(),
-        r#"local ok, value = read(KEYS[1])
-if not ok then
-  return value or 0
-end
-if value ~= ARGV[1] then
-  return 0
+        r#"local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
 end
 local answer = 1
 if KEYS[2] then
