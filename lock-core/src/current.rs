@@ -20,22 +20,68 @@ tokio::task_local! {
 pub struct LockInfo {
     key: String,
     fence: Option<u64>,
+    /// With `keys = [..]`, the keys after the first, in canonical order.
+    more: Vec<(String, Option<u64>)>,
 }
 
 impl LockInfo {
     pub(crate) fn new(key: String, fence: Option<u64>) -> LockInfo {
-        LockInfo { key, fence }
+        LockInfo {
+            key,
+            fence,
+            more: Vec::new(),
+        }
     }
 
-    /// The key, as rendered from the attribute's template.
+    /// The description of a lock on several keys, in canonical order, each
+    /// with its fencing token.
+    #[allow(dead_code)] // used by lock_all, next
+    pub(crate) fn several(mut keys: Vec<(String, Option<u64>)>) -> LockInfo {
+        let rest = keys.split_off(1.min(keys.len()));
+        let (key, fence) = keys.pop().unwrap_or_default();
+        LockInfo {
+            key,
+            fence,
+            more: rest,
+        }
+    }
+
+    /// The key, as rendered from the attribute's template; with
+    /// `keys = [..]`, the first of them in canonical (sorted) order.
     pub fn key(&self) -> &str {
         &self.key
     }
 
+    /// Every key held, in canonical (sorted) order: one, or with
+    /// `keys = [..]` each distinct rendered key.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.key.as_str()).chain(self.more.iter().map(|(k, _)| k.as_str()))
+    }
+
     /// The fencing token, with `fencing = true`, or the one the outermost
-    /// body took when this body re-entered a lock it holds.
+    /// body took when this body re-entered a lock it holds. With
+    /// `keys = [..]`, the first key's; see
+    /// [`fencing_token_of`](Self::fencing_token_of).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
+    }
+
+    /// The fencing token of one of the keys held (each key of a lock on
+    /// several keys has its own), or `None` when `key` is not held here or
+    /// was taken without fencing.
+    pub fn fencing_token_of(&self, key: &str) -> Option<u64> {
+        if key == self.key {
+            return self.fence;
+        }
+        self.more
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, f)| *f)
+    }
+
+    /// Whether `key` is one of the keys held.
+    pub(crate) fn holds(&self, key: &str) -> bool {
+        self.key == key || self.more.iter().any(|(k, _)| k == key)
     }
 }
 
@@ -71,7 +117,7 @@ pub(crate) fn held(client: &Arc<ClientInner>, key: &str) -> Option<Arc<Lease>> {
         .try_with(|innermost| {
             let mut level = Some(innermost);
             while let Some(here) = level {
-                if Arc::ptr_eq(&here.client, client) && here.info.key == key {
+                if Arc::ptr_eq(&here.client, client) && here.info.holds(key) {
                     return Some(here.lease.clone());
                 }
                 level = here.outer.as_ref();

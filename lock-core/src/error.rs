@@ -30,6 +30,10 @@ pub enum ErrorKind {
     InvalidKey,
     /// The client's configuration was invalid (bad URL, zero ttl, ...).
     Config,
+    /// The task asked for a lock it can never get because of what it holds
+    /// itself: an exclusive lock on a key it holds shared (or with a
+    /// permit), or several keys of which it holds only some.
+    WouldDeadlock,
 }
 
 impl ErrorKind {
@@ -43,6 +47,7 @@ impl ErrorKind {
             ErrorKind::Server => "redis answered with an error",
             ErrorKind::InvalidKey => "invalid lock key",
             ErrorKind::Config => "invalid lock client configuration",
+            ErrorKind::WouldDeadlock => "the lock would wait on this task itself",
         }
     }
 }

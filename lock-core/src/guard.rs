@@ -94,6 +94,12 @@ impl LockGuard {
         (&self.client, &self.lease)
     }
 
+    /// What an annotated body holding this guard is told by
+    /// [`current_lock`](crate::current_lock).
+    pub(crate) fn info(&self) -> crate::current::LockInfo {
+        crate::current::LockInfo::new(self.key().to_owned(), self.fencing_token())
+    }
+
     /// The key as the caller named it (without the client's prefix).
     pub fn key(&self) -> &str {
         self.lease.key()

@@ -24,6 +24,18 @@ pub struct LockOptions {
     pub(crate) renew: bool,
     pub(crate) fencing: bool,
     pub(crate) holds: HoldLimits,
+    pub(crate) mode: Mode,
+}
+
+/// How many holders a key admits at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One holder (the default).
+    Exclusive,
+    /// Any number of shared holders, and no exclusive one meanwhile.
+    Shared,
+    /// At most this many holders.
+    Permits(u32),
 }
 
 impl LockOptions {
@@ -36,6 +48,7 @@ impl LockOptions {
             renew: true,
             fencing: false,
             holds: HoldLimits::default(),
+            mode: Mode::Exclusive,
         }
     }
 
@@ -82,6 +95,47 @@ impl LockOptions {
         self
     }
 
+    /// A shared lock (`true`) instead of an exclusive one: any number of
+    /// shared holders at once, and none while an exclusive holder holds the
+    /// key. Once an exclusive waiter is waiting for the key, new shared
+    /// holders wait behind it, so a stream of readers cannot starve a
+    /// writer. Each shared holder has its own token and expiry: a crashed
+    /// one's hold runs out by itself. Not on Redlock. Replaces
+    /// [`permits`](Self::permits).
+    pub fn shared(mut self, shared: bool) -> LockOptions {
+        self.mode = if shared {
+            Mode::Shared
+        } else {
+            Mode::Exclusive
+        };
+        self
+    }
+
+    /// At most `permits` holders of the key at once, across every client
+    /// (a semaphore whose permits expire with their holders' leases). Every
+    /// holder of a key must ask for the same number: one asking with
+    /// another gets [`ErrorKind::Config`](crate::ErrorKind::Config). `permits(1)` is a
+    /// lock that another holder with `permits(1)` excludes, stored like
+    /// any other permits. Not on Redlock. Replaces
+    /// [`shared`](Self::shared).
+    pub fn permits(mut self, permits: u32) -> LockOptions {
+        self.mode = Mode::Permits(permits);
+        self
+    }
+
+    /// Whether the lock is shared.
+    pub fn is_shared(&self) -> bool {
+        self.mode == Mode::Shared
+    }
+
+    /// The number of permits, for a lock taken with [`permits`](Self::permits).
+    pub fn permit_count(&self) -> Option<u32> {
+        match self.mode {
+            Mode::Permits(n) => Some(n),
+            _ => None,
+        }
+    }
+
     /// Checks every duration; returns the wait, `default_wait` when none
     /// was set.
     pub(crate) fn check(&self, default_wait: Duration) -> Result<Duration, LockError> {
@@ -89,6 +143,9 @@ impl LockOptions {
         let wait = self.wait.unwrap_or(default_wait);
         check_duration("wait", wait, Duration::ZERO)?;
         self.holds.check(self.ttl)?;
+        if self.mode == Mode::Permits(0) {
+            return Err(LockError::config("permits must be at least 1"));
+        }
         Ok(wait)
     }
 

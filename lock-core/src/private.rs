@@ -3,6 +3,7 @@
 
 use crate::error::LockError;
 use crate::global::global_client;
+use crate::guard::LockGuard;
 use crate::options::LockOptions;
 use crate::state::LockClient;
 use futures::FutureExt;
@@ -22,6 +23,15 @@ pub enum OnLost {
     Continue,
 }
 
+/// `mode = ".."`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `mode = "exclusive"`, the default.
+    Exclusive,
+    /// `mode = "shared"`.
+    Shared,
+}
+
 /// The attribute's arguments, checked at compile time.
 #[derive(Clone, Copy, Debug)]
 pub struct Attr {
@@ -39,6 +49,10 @@ pub struct Attr {
     pub min_hold: Option<Duration>,
     /// `max_hold = ".."`.
     pub max_hold: Option<Duration>,
+    /// `mode = ".."`.
+    pub mode: Mode,
+    /// `permits = N` (never with `Mode::Shared`).
+    pub permits: Option<u32>,
 }
 
 impl Attr {
@@ -51,6 +65,8 @@ impl Attr {
         fencing: false,
         min_hold: None,
         max_hold: None,
+        mode: Mode::Exclusive,
+        permits: None,
     };
 
     fn options(&self, client: &LockClient) -> LockOptions {
@@ -65,6 +81,12 @@ impl Attr {
         }
         if let Some(max_hold) = self.max_hold {
             options = options.max_hold(max_hold);
+        }
+        if self.mode == Mode::Shared {
+            options = options.shared(true);
+        }
+        if let Some(permits) = self.permits {
+            options = options.permits(permits);
         }
         options
     }
@@ -202,10 +224,56 @@ where
         Err(e) => return Err(E::from_lock_error(e)),
     };
     let info = LockInfo::new(key, guard.fencing_token());
+    run_held(guard, info, attr.on_lost, body).await
+}
+
+/// [`run`] for `keys = [..]`: holds every key at once (see
+/// [`LockClient::lock_all`]) while `body` runs.
+pub async fn run_all<T, E, F>(
+    client: Result<&LockClient, LockError>,
+    keys: Vec<String>,
+    attr: Attr,
+    body: F,
+) -> Result<T, E>
+where
+    E: FromLockError,
+    F: Future<Output = Result<T, E>>,
+{
+    let client = match client {
+        Ok(client) => client,
+        Err(e) => {
+            let e = match keys.first() {
+                Some(key) => e.with_key(key.clone()),
+                None => e,
+            };
+            return Err(E::from_lock_error(e));
+        }
+    };
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let guard = match client.lock_all(&names, attr.options(client)).await {
+        Ok(guard) => guard,
+        Err(e) => return Err(E::from_lock_error(e)),
+    };
+    let info = guard.info();
+    run_held(guard, info, attr.on_lost, body).await
+}
+
+/// Runs `body` under `guard`, described to it by `info`, and releases on
+/// every exit path.
+async fn run_held<T, E, F>(
+    guard: LockGuard,
+    info: LockInfo,
+    on_lost: OnLost,
+    body: F,
+) -> Result<T, E>
+where
+    E: FromLockError,
+    F: Future<Output = Result<T, E>>,
+{
     let (held_by, lease) = guard.holding();
     let body = AssertUnwindSafe(body).catch_unwind();
     let body = crate::current::scope(info, held_by.clone(), lease.clone(), body);
-    let outcome = match attr.on_lost {
+    let outcome = match on_lost {
         OnLost::Abort => {
             tokio::select! {
                 biased;
