@@ -6,11 +6,13 @@
 use crate::backend::{Attempt, LockKeys, Subscription};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{LockGuard, Renewal};
-use crate::lease::{HoldLimits, Lease, MIN_TTL, renewal_due, validity_end};
+use crate::lease::{
+    HoldLimits, Lease, MIN_TTL, Membership, Part, Scope, renewal_due, validity_end,
+};
 use crate::observe;
 use crate::options::LockOptions;
 use crate::queue::{Front, HandedLease, Handoff, Next, Owner, Position, Taken, YIELD};
-use crate::state::{ClientInner, LockClient, spawn_release};
+use crate::state::{ClientInner, LockClient, spawn_release, spawn_release_scope};
 use crate::token::Token;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -46,7 +48,11 @@ impl LockClient {
     }
 
     /// Checks `options` and works out what an acquisition of `key` needs.
-    fn request<'k>(&self, key: &'k str, options: &LockOptions) -> Result<Request<'k>, LockError> {
+    pub(crate) fn request<'k>(
+        &self,
+        key: &'k str,
+        options: &LockOptions,
+    ) -> Result<Request<'k>, LockError> {
         let inner = &self.inner;
         let ttl = options.ttl;
         let wait = options
@@ -78,12 +84,21 @@ impl LockClient {
         &self,
         request: &Request<'_>,
     ) -> Result<(Owner, Option<Handoff>), LockError> {
+        self.join_queue_of(&request.storage_key, request).await
+    }
+
+    /// [`join_queue`](Self::join_queue) for one of the request's keys.
+    pub(crate) async fn join_queue_of(
+        &self,
+        key: &Arc<str>,
+        request: &Request<'_>,
+    ) -> Result<(Owner, Option<Handoff>), LockError> {
         let inner = &self.inner;
         let wait = request.deadline > request.started;
         loop {
             let position = inner
                 .queues
-                .join(&request.storage_key, wait)
+                .join(key, wait)
                 .ok_or_else(|| request.contended())?;
             let (handoff, holder, ahead) = match position {
                 Position::Front(owner) => return Ok((owner, None)),
@@ -95,7 +110,7 @@ impl LockClient {
             };
             let waiter = Waiter {
                 inner,
-                key: &request.storage_key,
+                key,
                 handoff,
             };
             match waiter.wait(holder, ahead, request.deadline).await {
@@ -152,7 +167,7 @@ impl LockClient {
         let limit = request.limit(inner.op_timeout);
         let taken = inner
             .backend
-            .take_over(request.keys(), held.token(), ttl, limit)
+            .take_over(request.keys(None), held.token(), ttl, limit)
             .await;
         let Ok(Some(Attempt::Granted { fence })) = taken else {
             return Err(front);
@@ -169,17 +184,39 @@ impl LockClient {
         front: Front<'_>,
         attempts: &AtomicU32,
     ) -> Result<LockGuard, LockError> {
+        let mut one = OneKey {
+            inner: &self.inner,
+            request,
+            writer: None,
+        };
+        let Won(token, fence, sent) = self.contend_with(request, &mut one, attempts).await?;
+        Ok(request.guard(&self.inner, token, fence, sent, front, Taken::FromRedis))
+    }
+
+    /// The loop of attempts every kind of lock shares: one attempt, then,
+    /// while the key is held elsewhere, more attempts woken by the release
+    /// message of the key found held or by the backoff timer, until the wait
+    /// runs out.
+    pub(crate) async fn contend_with<C: Contender>(
+        &self,
+        request: &Request<'_>,
+        contender: &mut C,
+        attempts: &AtomicU32,
+    ) -> Result<C::Won, LockError> {
         let inner = &self.inner;
         let mut attempt: u32 = 0;
         let mut subscription: Option<Subscription> = None;
+        let mut listening: Option<Arc<str>> = None;
         let mut subscribe = false;
-        let mut listening = false;
+        let mut retry = false;
         loop {
-            if std::mem::take(&mut subscribe) {
+            if std::mem::take(&mut subscribe)
+                && let Some(key) = &listening
+            {
                 let limit = inner
                     .op_timeout
                     .min(request.deadline.saturating_duration_since(Instant::now()));
-                subscription = inner.wakeups.subscribe(&request.storage_key, limit).await;
+                subscription = inner.wakeups.subscribe(key, limit).await;
             }
             // Listen before asking, so a release in between is not missed.
             let mut released = std::pin::pin!(subscription.as_ref().map(Subscription::released));
@@ -187,10 +224,8 @@ impl LockClient {
                 released.enable();
             }
             attempts.fetch_add(1, Ordering::Relaxed);
-            let last_error = match self.attempt(request).await {
-                Ok(Won(token, fence, sent)) => {
-                    return Ok(request.guard(inner, token, fence, sent, front, Taken::FromRedis));
-                }
+            let last_error = match contender.attempt(retry).await {
+                Ok(won) => return Ok(won),
                 Err(Lost::Busy) => None,
                 Err(Lost::Retry(e)) => Some(e),
                 Err(Lost::Fail(e)) => {
@@ -199,6 +234,7 @@ impl LockClient {
                         .with_waited(request.started.elapsed()));
                 }
             };
+            retry = true;
             let now = Instant::now();
             if now >= request.deadline {
                 if let Some(e) = last_error {
@@ -206,10 +242,11 @@ impl LockClient {
                 }
                 return Err(self.contended_or_foreign(request).await);
             }
-            if !listening && last_error.is_none() {
+            let held = contender.listen_on();
+            if last_error.is_none() && listening.as_ref() != Some(held) {
                 // Held elsewhere: from now on, hear its release, and ask
                 // again at once in case it came before we listened.
-                listening = true;
+                listening = Some(held.clone());
                 subscribe = true;
                 continue;
             }
@@ -225,33 +262,6 @@ impl LockClient {
                 }
                 None => tokio::time::sleep(pause).await,
             }
-        }
-    }
-
-    /// One attempt in Redis, with a token of its own: a late answer to an
-    /// earlier attempt (or its undo) can never touch a later one's key.
-    async fn attempt(&self, request: &Request<'_>) -> Result<Won, Lost> {
-        let inner = &self.inner;
-        // Should this future be dropped before the answer is in, the SET may
-        // still be applied: the token is then released in the background.
-        let held = MayHold::new(inner, &request.storage_key, Token::generate());
-        let limit = request.limit(inner.op_timeout);
-        let sent = Instant::now();
-        // Every backend bounds the call by `limit` as a whole.
-        let outcome = inner
-            .backend
-            .acquire(request.keys(), held.token(), request.ttl, limit)
-            .await;
-        match outcome {
-            Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
-            Ok(Attempt::Busy) => {
-                held.keep();
-                Err(Lost::Busy)
-            }
-            // The SET may have been applied with its answer lost: `held`
-            // releases that token as it goes.
-            Err(e) if e.kind() == ErrorKind::Unavailable => Err(Lost::Retry(e)),
-            Err(e) => Err(Lost::Fail(e)),
         }
     }
 
@@ -286,19 +296,19 @@ impl LockClient {
 }
 
 /// What one acquisition needs to know, worked out once.
-struct Request<'k> {
+pub(crate) struct Request<'k> {
     /// The key as the caller named it.
-    key: &'k str,
-    storage_key: Arc<str>,
+    pub(crate) key: &'k str,
+    pub(crate) storage_key: Arc<str>,
     /// Where `key` starts in `storage_key`.
-    key_start: usize,
-    fence_key: Option<String>,
-    ttl: Duration,
-    renew: bool,
+    pub(crate) key_start: usize,
+    pub(crate) fence_key: Option<String>,
+    pub(crate) ttl: Duration,
+    pub(crate) renew: bool,
     holds: HoldLimits,
-    started: Instant,
+    pub(crate) started: Instant,
     /// When the wait runs out: no attempt starts later.
-    deadline: Instant,
+    pub(crate) deadline: Instant,
     /// How long one call may wait on the servers.
     call_bound: Duration,
     /// The deadline plus one call's bound: nothing waits on Redis past it.
@@ -306,15 +316,25 @@ struct Request<'k> {
 }
 
 impl Request<'_> {
-    fn keys(&self) -> LockKeys<'_> {
+    fn keys<'a>(&'a self, writer: Option<(&'a str, Duration)>) -> LockKeys<'a> {
         LockKeys {
             lock: &self.storage_key,
             fence: self.fence_key.as_deref(),
+            writer,
         }
     }
 
+    /// How long an exclusive waiter's writer mark lasts: past its next
+    /// attempt (within the backoff's cap, or a call's bound), and never past
+    /// the end of its wait.
+    pub(crate) fn writer_for(&self, inner: &ClientInner) -> Duration {
+        let gap = inner.backoff.cap().max(self.call_bound) * 2;
+        gap.min(self.end.saturating_duration_since(Instant::now()))
+            .max(MIN_TTL)
+    }
+
     /// The bound of one call: `call`, cut to what is left before `end`.
-    fn limit(&self, call: Duration) -> Duration {
+    pub(crate) fn limit(&self, call: Duration) -> Duration {
         call.min(self.end.saturating_duration_since(Instant::now()))
     }
 
@@ -335,14 +355,18 @@ impl Request<'_> {
         taken: Taken,
     ) -> LockGuard {
         let lease = self.lease(token, fence, validity_end(sent, self.ttl));
-        let renewal = match self.renew {
-            true => Renewal::From(renewal_due(sent, self.ttl)),
-            false => Renewal::Off,
-        };
-        LockGuard::new(inner.clone(), lease, renewal, front, taken)
+        LockGuard::new(inner.clone(), lease, self.renewal(sent), front, taken)
     }
 
-    fn lease(&self, token: Token, fence: Option<u64>, valid_until: Instant) -> Lease {
+    /// How a lease won by a command sent at `sent` is renewed.
+    pub(crate) fn renewal(&self, sent: Instant) -> Renewal {
+        match self.renew {
+            true => Renewal::From(renewal_due(sent, self.ttl)),
+            false => Renewal::Off,
+        }
+    }
+
+    pub(crate) fn lease(&self, token: Token, fence: Option<u64>, valid_until: Instant) -> Lease {
         Lease::new(
             self.storage_key.clone(),
             self.key_start,
@@ -355,12 +379,74 @@ impl Request<'_> {
     }
 }
 
-/// A won attempt: the token now stored under the key, the fencing token,
-/// and when the command was sent (where the lease's validity starts).
-struct Won(Token, Option<u64>, Instant);
+/// A won attempt: the token now stored under the key, the fencing token
+/// (or tokens), and when the command was sent (where the lease's validity
+/// starts).
+pub(crate) struct Won<F = Option<u64>>(pub(crate) Token, pub(crate) F, pub(crate) Instant);
+
+/// One kind of acquisition attempt, repeated by
+/// [`LockClient::contend_with`].
+pub(crate) trait Contender {
+    /// What a won attempt gives.
+    type Won;
+    /// One attempt in Redis; `retry`: not the first of this acquisition.
+    async fn attempt(&mut self, retry: bool) -> Result<Self::Won, Lost>;
+    /// The key whose release may end the wait: the one the last attempt
+    /// found held.
+    fn listen_on(&self) -> &Arc<str>;
+}
+
+/// Attempts on one exclusive key.
+struct OneKey<'a, 'k> {
+    inner: &'a Arc<ClientInner>,
+    request: &'a Request<'k>,
+    /// The key's writer mark, made at the first retry.
+    writer: Option<String>,
+}
+
+impl Contender for OneKey<'_, '_> {
+    type Won = Won;
+
+    /// One attempt with a token of its own: a late answer to an earlier
+    /// attempt (or its undo) can never touch a later one's key.
+    async fn attempt(&mut self, retry: bool) -> Result<Won, Lost> {
+        let (inner, request) = (self.inner, self.request);
+        if retry && self.writer.is_none() {
+            self.writer = Some(writer_key(&request.storage_key));
+        }
+        // Should this future be dropped before the answer is in, the SET may
+        // still be applied: the token is then released in the background.
+        let held = MayHold::new(inner, &request.storage_key, Token::generate());
+        let limit = request.limit(inner.op_timeout);
+        let sent = Instant::now();
+        let writer = self
+            .writer
+            .as_deref()
+            .map(|w| (w, request.writer_for(inner)));
+        // Every backend bounds the call by `limit` as a whole.
+        let outcome = inner
+            .backend
+            .acquire(request.keys(writer), held.token(), request.ttl, limit)
+            .await;
+        match outcome {
+            Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
+            Ok(Attempt::Busy) => {
+                held.keep();
+                Err(Lost::Busy)
+            }
+            // The SET may have been applied with its answer lost: `held`
+            // releases that token as it goes.
+            Err(e) => Err(Lost::from_error(e)),
+        }
+    }
+
+    fn listen_on(&self) -> &Arc<str> {
+        &self.request.storage_key
+    }
+}
 
 /// Why an attempt did not win.
-enum Lost {
+pub(crate) enum Lost {
     /// Someone else holds the key.
     Busy,
     /// No answer, or a passing one (the server loading, busy, failing
@@ -370,34 +456,67 @@ enum Lost {
     Fail(LockError),
 }
 
+impl Lost {
+    /// A failed call: retried within the wait when Redis may answer later.
+    pub(crate) fn from_error(e: LockError) -> Lost {
+        if e.kind() == ErrorKind::Unavailable {
+            Lost::Retry(e)
+        } else {
+            Lost::Fail(e)
+        }
+    }
+}
+
 /// A token that may be stored under a key while a call about it is in
 /// flight. Dropped before [`keep`](Self::keep) (the caller's future dropped,
 /// the call failed or timed out), it is released in the background, so a
 /// cancelled acquisition never leaves the key held by nobody until its ttl.
-struct MayHold<'a> {
+pub(crate) struct MayHold<'a> {
     inner: &'a Arc<ClientInner>,
     key: &'a Arc<str>,
+    what: MayHoldKeys<'a>,
     token: Token,
     armed: bool,
 }
 
+/// What a [`MayHold`] may hold.
+#[derive(Clone, Copy)]
+pub(crate) enum MayHoldKeys<'a> {
+    /// Its key, exclusively.
+    One,
+    /// These keys (its key among them), exclusively.
+    Several(&'a [Arc<str>]),
+    /// A place in its key's holder set.
+    Member(&'a Membership),
+}
+
 impl<'a> MayHold<'a> {
     fn new(inner: &'a Arc<ClientInner>, key: &'a Arc<str>, token: Token) -> MayHold<'a> {
+        MayHold::of(inner, key, MayHoldKeys::One, token)
+    }
+
+    pub(crate) fn of(
+        inner: &'a Arc<ClientInner>,
+        key: &'a Arc<str>,
+        what: MayHoldKeys<'a>,
+        token: Token,
+    ) -> MayHold<'a> {
         MayHold {
             inner,
             key,
+            what,
             token,
             armed: true,
         }
     }
 
-    fn token(&self) -> &Token {
+    pub(crate) fn token(&self) -> &Token {
         &self.token
     }
 
     /// The outcome is known: nothing to release (the lock is ours, or was
     /// never taken).
-    fn keep(mut self) -> Token {
+    pub(crate) fn keep(mut self) -> Token {
         self.armed = false;
         self.token.clone()
     }
@@ -405,9 +524,23 @@ impl<'a> MayHold<'a> {
 
 impl Drop for MayHold<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let token = self.token.clone();
-            spawn_release(self.inner.clone(), self.key.clone(), token, None);
+        if !self.armed {
+            return;
+        }
+        let (inner, key, token) = (self.inner.clone(), self.key.clone(), self.token.clone());
+        match self.what {
+            MayHoldKeys::One => spawn_release(inner, key, token, None),
+            MayHoldKeys::Several(keys) => {
+                let parts = keys.iter().map(|k| Part {
+                    storage_key: k.clone(),
+                    key_start: 0,
+                    fence: None,
+                });
+                spawn_release_scope(inner, key, Scope::Several(parts.collect()), token);
+            }
+            MayHoldKeys::Member(membership) => {
+                spawn_release_scope(inner, key, Scope::Member(membership.clone()), token);
+            }
         }
     }
 }
@@ -478,7 +611,7 @@ impl Drop for Waiter<'_> {
 }
 
 /// Passes on a hand-off its receiver will never use.
-fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff) {
+pub(crate) fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff) {
     let (handed, owner) = match handoff {
         Handoff::Free { after, owner } => return inner.queues.pass_front(key, owner, after),
         Handoff::Lease(handed, owner) => (handed, owner),
@@ -500,8 +633,16 @@ fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff) {
         .pass_front(key, owner, if spent { YIELD } else { Duration::ZERO });
 }
 
+/// The writer mark of a lock; shares its hash slot.
+pub(crate) fn writer_key(storage_key: &str) -> String {
+    let mut out = String::with_capacity(storage_key.len() + 7);
+    out.push_str(storage_key);
+    out.push_str(":writer");
+    out
+}
+
 /// The fencing counter of a lock; shares its hash slot.
-fn fence_key(storage_key: &str) -> String {
+pub(crate) fn fence_key(storage_key: &str) -> String {
     let mut out = String::with_capacity(storage_key.len() + 6);
     out.push_str(storage_key);
     out.push_str(":fence");

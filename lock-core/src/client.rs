@@ -5,9 +5,10 @@ use crate::builder::LockClientBuilder;
 use crate::current;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::LockGuard;
+use crate::kinds;
 use crate::lease::Lease;
 use crate::observe;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, Mode};
 use crate::state::LockClient;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -125,10 +126,15 @@ impl LockClient {
         );
         let attempts = AtomicU32::new(0);
         let started = Instant::now();
-        let result = self
-            .acquire(key, options, &attempts)
-            .instrument(span.clone())
-            .await;
+        let acquired = async {
+            match options.mode {
+                Mode::Exclusive => self.acquire(key, options, &attempts).await,
+                Mode::Shared | Mode::Permits(_) => {
+                    self.acquire_member(key, options, &attempts).await
+                }
+            }
+        };
+        let result = acquired.instrument(span.clone()).await;
         observe::acquisition(
             &span,
             result.as_ref().map(drop),
@@ -160,8 +166,70 @@ impl LockClient {
         keys: &[&str],
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let _ = (keys, options);
-        Err(LockError::config("lock_all is not built yet"))
+        let keys = kinds::canonical(keys);
+        let Some(&first) = keys.first() else {
+            return Err(LockError::new(ErrorKind::InvalidKey)
+                .with_message("lock_all needs at least one key"));
+        };
+        if keys.len() == 1 {
+            return self.lock_with(first, options).await;
+        }
+        if let Some(guard) = self.reenter_all(&keys, &options)? {
+            return Ok(guard);
+        }
+        let span = tracing::debug_span!(
+            "lock",
+            key = first,
+            keys = keys.len(),
+            attempts = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let attempts = AtomicU32::new(0);
+        let started = Instant::now();
+        let result = self
+            .acquire_several(&keys, options, &attempts)
+            .instrument(span.clone())
+            .await;
+        observe::acquisition(
+            &span,
+            result.as_ref().map(drop),
+            attempts.load(Ordering::Relaxed),
+            started,
+        );
+        result
+    }
+
+    /// A re-entry of several keys, when one lock an enclosing annotated
+    /// body of this task holds covers them all; an error when such bodies
+    /// hold only some of them (waiting for the rest would wait on this task
+    /// itself, or take the keys out of canonical order).
+    fn reenter_all(
+        &self,
+        keys: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let held: Vec<Option<Arc<Lease>>> = keys
+            .iter()
+            .map(|key| current::held(&self.inner, key))
+            .collect();
+        if held.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let one = held[0].as_ref().filter(|first| {
+            held.iter()
+                .all(|h| h.as_ref().is_some_and(|h| Arc::ptr_eq(h, first)))
+        });
+        match one {
+            Some(lease) => self.reenter(keys[0], options, lease.clone()).map(Some),
+            None => Err(LockError::new(ErrorKind::WouldDeadlock)
+                .with_key(keys[0])
+                .with_message(
+                    "this task already holds some of these keys (in an enclosing annotated \
+                     body) but not all of them under one lock: take every key it needs in \
+                     one lock_all, outermost",
+                )),
+        }
     }
 
     /// A re-entry of `lease`, which an enclosing annotated body of this task
@@ -183,6 +251,16 @@ impl LockClient {
                  take the outermost lock with fencing",
             )
             .with_key(key));
+        }
+        if lease.is_member() && options.mode == Mode::Exclusive {
+            return Err(LockError::new(ErrorKind::WouldDeadlock)
+                .with_key(key)
+                .with_message(
+                    "this task holds the key shared (or with a permit) in an enclosing \
+                     annotated body, and an exclusive lock waits until every shared \
+                     holder lets go: it would wait for itself; take the outermost lock \
+                     exclusive",
+                ));
         }
         if lease.is_lost() {
             return Err(LockError::lost(key));

@@ -1,11 +1,13 @@
 //! [`LockGuard`]: proof of ownership, the loss signal, release and `Drop`.
 
+use crate::current::LockInfo;
 use crate::error::LockError;
 use crate::heartbeat::Enrolment;
-use crate::lease::{Lease, MAX_DURATION, MIN_TTL, renewal_due};
+use crate::hold::{self, Expiry};
+use crate::lease::{Lease, MAX_DURATION, MIN_TTL, Part, Scope, renewal_due};
 use crate::observe;
 use crate::queue::{Front, HandedLease, Next, Owner, Taken, YIELD};
-use crate::state::{ClientInner, spawn_release};
+use crate::state::{ClientInner, spawn_release_lease};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,10 +47,22 @@ pub struct LockGuard {
     lease: Arc<Lease>,
     heartbeat: Option<Enrolment>,
     stage: Stage,
-    /// Until it lets go, the guard is first in its process's line for the
-    /// key (`queue.rs`) and must pass the turn on, whatever happens.
-    first_in_queue: bool,
-    owner: Owner,
+    /// Until it lets go, the guard is first in its process's queue for its
+    /// key (or keys) (`queue.rs`) and must pass the turn on, whatever
+    /// happens.
+    place: Place,
+}
+
+/// Where a guard stands in its process's queues.
+enum Place {
+    /// In none: a shared holder, a permit, a re-entry, or a guard that
+    /// passed its turn on.
+    Nowhere,
+    /// First in its key's queue, as this owner.
+    First(Owner),
+    /// First in the queue of each of its keys (in the lease's order), as
+    /// these owners.
+    FirstOfEach(Box<[Owner]>),
 }
 
 impl LockGuard {
@@ -62,6 +76,37 @@ impl LockGuard {
     ) -> LockGuard {
         let lease = Arc::new(lease);
         let owner = front.keep(&lease, taken);
+        LockGuard::held(client, lease, renewal, Place::First(owner))
+    }
+
+    /// The guard of a lease on several keys, first in each key's queue from
+    /// `fronts` on (in the lease's order).
+    pub(crate) fn several(
+        client: Arc<ClientInner>,
+        lease: Lease,
+        renewal: Renewal,
+        fronts: Vec<Front<'_>>,
+    ) -> LockGuard {
+        let lease = Arc::new(lease);
+        let owners = fronts
+            .into_iter()
+            .map(|front| front.keep(&lease, Taken::FromRedis))
+            .collect();
+        LockGuard::held(client, lease, renewal, Place::FirstOfEach(owners))
+    }
+
+    /// The guard of a shared holder or a permit: in no queue (the holders
+    /// of a process do not wait for one another).
+    pub(crate) fn member(client: Arc<ClientInner>, lease: Lease, renewal: Renewal) -> LockGuard {
+        LockGuard::held(client, Arc::new(lease), renewal, Place::Nowhere)
+    }
+
+    fn held(
+        client: Arc<ClientInner>,
+        lease: Arc<Lease>,
+        renewal: Renewal,
+        place: Place,
+    ) -> LockGuard {
         let heartbeat = match renewal {
             Renewal::From(due) => Some(client.heartbeat.join(&client.backend, lease.clone(), due)),
             Renewal::Off => None,
@@ -71,8 +116,7 @@ impl LockGuard {
             lease,
             heartbeat,
             stage: Stage::Held,
-            first_in_queue: true,
-            owner,
+            place,
         }
     }
 
@@ -84,8 +128,7 @@ impl LockGuard {
             lease,
             heartbeat: None,
             stage: Stage::Reentry,
-            first_in_queue: false,
-            owner: 0,
+            place: Place::Nowhere,
         }
     }
 
@@ -96,11 +139,47 @@ impl LockGuard {
 
     /// What an annotated body holding this guard is told by
     /// [`current_lock`](crate::current_lock).
-    pub(crate) fn info(&self) -> crate::current::LockInfo {
-        crate::current::LockInfo::new(self.key().to_owned(), self.fencing_token())
+    pub(crate) fn info(&self) -> LockInfo {
+        match &self.lease.scope {
+            Scope::Several(parts) => LockInfo::several(
+                parts
+                    .iter()
+                    .map(|p| (p.key().to_owned(), p.fence))
+                    .collect(),
+            ),
+            _ => LockInfo::new(self.key().to_owned(), self.fencing_token()),
+        }
     }
 
-    /// The key as the caller named it (without the client's prefix).
+    /// Every key this guard holds, in canonical (sorted) order: one, or
+    /// those of [`LockClient::lock_all`](crate::LockClient::lock_all).
+    pub fn keys(&self) -> Vec<&str> {
+        match &self.lease.scope {
+            Scope::Several(parts) => parts.iter().map(Part::key).collect(),
+            _ => vec![self.key()],
+        }
+    }
+
+    /// The fencing token of one of the keys held, when the lock was taken
+    /// with fencing: each key of a lock on several keys has its own.
+    /// `None` for a key this guard does not hold.
+    pub fn fencing_token_of(&self, key: &str) -> Option<u64> {
+        match &self.lease.scope {
+            Scope::Several(parts) => parts.iter().find(|p| p.key() == key)?.fence,
+            _ if key == self.key() => self.lease.fence,
+            _ => None,
+        }
+    }
+
+    /// Whether this guard is a shared hold or a permit (see
+    /// [`LockOptions::shared`](crate::LockOptions::shared) and
+    /// [`LockOptions::permits`](crate::LockOptions::permits)).
+    pub fn is_shared(&self) -> bool {
+        self.lease.is_member()
+    }
+
+    /// The key as the caller named it (without the client's prefix); for a
+    /// lock on several keys, the first in canonical order.
     pub fn key(&self) -> &str {
         self.lease.key()
     }
@@ -183,7 +262,7 @@ impl LockGuard {
         let _one = lease.renewing.acquire().await.ok();
         let sent = Instant::now();
         let limit = self.client.op_timeout;
-        let (backend, key, token) = (&self.client.backend, &*lease.storage_key, &lease.token);
+        let backend = &self.client.backend;
         // A renewal never shortens the lease: a shorter ttl is set exactly.
         let answer = if ttl < lease.ttl() {
             // Trusted no longer than the new ttl from the moment it is sent:
@@ -191,9 +270,9 @@ impl LockGuard {
             // may have shortened the key all the same.
             lease.shortened(sent, ttl);
             self.renew_from(sent, ttl);
-            backend.set_ttl(key, token, ttl, limit).await
+            hold::expire(backend, lease, ttl, Expiry::Exact, limit).await
         } else {
-            backend.renew(key, token, ttl, limit).await
+            hold::expire(backend, lease, ttl, Expiry::Renew, limit).await
         };
         match answer {
             Ok(true) => {
@@ -245,7 +324,7 @@ impl LockGuard {
             None => match self.hand_off() {
                 Next::HandedOver => {
                     self.stage = Stage::Done;
-                    self.first_in_queue = false;
+                    self.place = Place::Nowhere;
                     // This guard's lease is over; waiters still watching it
                     // must not take its validity deadline for a loss.
                     lease.retire();
@@ -253,7 +332,7 @@ impl LockGuard {
                     return Ok(true);
                 }
                 Next::NotFirst => {
-                    self.first_in_queue = false;
+                    self.place = Place::Nowhere;
                     false
                 }
                 Next::Release { spent } => spent,
@@ -268,16 +347,8 @@ impl LockGuard {
         let result = match keep_for {
             // min_hold: shorten the lease to what is left of it, keep the key.
             Some(_) if lease.is_lost() => Ok(false),
-            Some(keep_for) => {
-                backend
-                    .set_ttl(&lease.storage_key, &lease.token, keep_for, limit)
-                    .await
-            }
-            None => {
-                backend
-                    .release(&lease.storage_key, &lease.token, limit)
-                    .await
-            }
+            Some(keep_for) => hold::expire(backend, &lease, keep_for, Expiry::Exact, limit).await,
+            None => hold::release(backend, &lease, limit).await,
         };
         self.stage = Stage::Done;
         lease.retire();
@@ -293,6 +364,13 @@ impl LockGuard {
     /// Hands the lease to the next task of this process, if any waits and
     /// the budget allows.
     fn hand_off(&self) -> Next {
+        let owner = match &self.place {
+            Place::First(owner) => *owner,
+            // A lease on several keys is released in Redis, and each queue
+            // passed on after it.
+            Place::FirstOfEach(_) => return Next::Release { spent: false },
+            Place::Nowhere => return Next::NotFirst,
+        };
         let lease = &self.lease;
         // A lease kept for its min_hold is not handed on: the point is that
         // nobody runs the same work again before it is over.
@@ -305,15 +383,24 @@ impl LockGuard {
         };
         self.client
             .queues
-            .hand_off(&lease.storage_key, self.owner, handed, self.client.handoff)
+            .hand_off(&lease.storage_key, owner, handed, self.client.handoff)
     }
 
     fn leave_queue(&mut self, spent: bool) {
-        if std::mem::take(&mut self.first_in_queue) {
-            let after = if spent { YIELD } else { Duration::ZERO };
-            self.client
-                .queues
-                .pass_front(&self.lease.storage_key, self.owner, after);
+        let queues = &self.client.queues;
+        match std::mem::replace(&mut self.place, Place::Nowhere) {
+            Place::Nowhere => {}
+            Place::First(owner) => {
+                let after = if spent { YIELD } else { Duration::ZERO };
+                queues.pass_front(&self.lease.storage_key, owner, after);
+            }
+            Place::FirstOfEach(owners) => {
+                if let Scope::Several(parts) = &self.lease.scope {
+                    for (part, owner) in parts.iter().zip(owners) {
+                        queues.pass_front(&part.storage_key, owner, Duration::ZERO);
+                    }
+                }
+            }
         }
     }
 
@@ -351,12 +438,12 @@ impl LockGuard {
         let owned = !self.lease.is_lost();
         let (release, spent) = match self.hand_off() {
             Next::HandedOver => {
-                self.first_in_queue = false;
+                self.place = Place::Nowhere;
                 self.lease.retire();
                 (false, false)
             }
             Next::NotFirst => {
-                self.first_in_queue = false;
+                self.place = Place::Nowhere;
                 (true, false)
             }
             Next::Release { spent } => (true, spent),
@@ -369,10 +456,9 @@ impl LockGuard {
     }
 
     fn release_in_background(&self) {
-        spawn_release(
+        spawn_release_lease(
             self.client.clone(),
-            self.lease.storage_key.clone(),
-            self.lease.token.clone(),
+            self.lease.clone(),
             self.lease.keep_for(),
         );
         self.lease.retire();

@@ -21,8 +21,11 @@
 //! reported lost at their validity deadline; the next guard starts a new task.
 
 use crate::backend::{Backend, Renewable, Renewal};
-use crate::lease::{Lease, renewal_due};
+use crate::hold::{self, Expiry};
+use crate::lease::{Lease, Scope, renewal_due};
+use crate::observe;
 use crate::token::Token;
+use futures::future::join_all;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -380,7 +383,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
         .op_timeout
         .min(first_deadline.saturating_duration_since(sent))
         .max(Duration::from_millis(1));
-    let answers = backend.renew_many(&round, limit).await;
+    let answers = renew_each(backend, &round, limit).await;
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
     for (due, answer) in round.iter().zip(answers) {
@@ -412,6 +415,45 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             }
         }
     }
+}
+
+/// Renews a round: the leases of one key each in batched script calls, the
+/// others (several keys, shared holders, permits) each in its own calls, at
+/// the same time. One answer per lease, in order.
+async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<Renewal> {
+    let one_key = |due: &Due| matches!(due.lease.scope, Scope::One);
+    if round.iter().all(one_key) {
+        return backend.renew_many(round, limit).await;
+    }
+    let (batched, apart): (Vec<usize>, Vec<usize>) =
+        (0..round.len()).partition(|&i| one_key(&round[i]));
+    let batch: Vec<&Due> = batched.iter().map(|&i| &round[i]).collect();
+    let each = apart.iter().map(|&i| {
+        let due = &round[i];
+        async move {
+            match hold::expire(backend, &due.lease, due.ttl, Expiry::Renew, limit).await {
+                Ok(true) => Renewal::Renewed,
+                Ok(false) => Renewal::NotOurs,
+                Err(e) => {
+                    observe::renewal_failed(due.lease.key(), 1, &e);
+                    Renewal::Failed
+                }
+            }
+        }
+    });
+    let (batch_answers, each_answers) =
+        tokio::join!(backend.renew_many(&batch, limit), join_all(each));
+    let mut answers: Vec<Option<Renewal>> = round.iter().map(|_| None).collect();
+    for (i, answer) in batched.into_iter().zip(batch_answers) {
+        answers[i] = Some(answer);
+    }
+    for (i, answer) in apart.into_iter().zip(each_answers) {
+        answers[i] = Some(answer);
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Renewal::Failed))
+        .collect()
 }
 
 /// How soon a failed renewal is tried again: often enough to get several

@@ -79,6 +79,52 @@ impl HoldLimits {
     }
 }
 
+/// Which keys a lease holds, and how.
+pub(crate) enum Scope {
+    /// One key, exclusively: the lease's storage key.
+    One,
+    /// Several keys, exclusively, under one token: every one of them in
+    /// canonical order (the first is the lease's storage key).
+    Several(Box<[Part]>),
+    /// A place in the key's holder set: a shared holder or a permit.
+    Member(Membership),
+}
+
+/// One key of a lease on several keys.
+pub(crate) struct Part {
+    pub(crate) storage_key: Arc<str>,
+    /// Where the caller's key starts in `storage_key`.
+    pub(crate) key_start: usize,
+    pub(crate) fence: Option<u64>,
+}
+
+impl Part {
+    /// The key as the caller named it.
+    pub(crate) fn key(&self) -> &str {
+        caller_key(&self.storage_key, self.key_start)
+    }
+}
+
+/// The keys of a shared holder or a permit, beside the lock key.
+#[derive(Clone)]
+pub(crate) struct Membership {
+    /// The holder set.
+    pub(crate) holders: String,
+    /// The writer mark.
+    pub(crate) writer: String,
+    /// `shared` or `permits:N`: what the lock key holds while there are
+    /// holders.
+    pub(crate) marker: String,
+    /// N, or 0 for shared.
+    pub(crate) limit: u32,
+}
+
+/// The caller's key inside a storage key (`<prefix>{<key>}`).
+fn caller_key(storage_key: &str, key_start: usize) -> &str {
+    let end = storage_key.len().saturating_sub(1);
+    storage_key.get(key_start..end).unwrap_or_default()
+}
+
 /// What a held lock knows about itself; shared by the guard and its
 /// heartbeat.
 pub(crate) struct Lease {
@@ -106,6 +152,7 @@ pub(crate) struct Lease {
     /// one permit, inside the lease (no allocation of its own); the
     /// heartbeat takes it with `try_acquire` and holds it through a round.
     pub(crate) renewing: tokio::sync::Semaphore,
+    pub(crate) scope: Scope,
 }
 
 impl Lease {
@@ -134,15 +181,24 @@ impl Lease {
             min_until: holds.min.map(|min| acquired + min),
             max_until,
             renewing: tokio::sync::Semaphore::new(1),
+            scope: Scope::One,
         }
+    }
+
+    /// The same lease, holding `scope`.
+    pub(crate) fn with_scope(mut self, scope: Scope) -> Lease {
+        self.scope = scope;
+        self
+    }
+
+    /// Whether this is a shared hold or a permit.
+    pub(crate) fn is_member(&self) -> bool {
+        matches!(self.scope, Scope::Member(_))
     }
 
     /// The key as the caller named it (inside the braces of the storage key).
     pub(crate) fn key(&self) -> &str {
-        let end = self.storage_key.len().saturating_sub(1);
-        self.storage_key
-            .get(self.key_start..end)
-            .unwrap_or_default()
+        caller_key(&self.storage_key, self.key_start)
     }
 
     pub(crate) fn ttl(&self) -> Duration {

@@ -84,6 +84,9 @@ mod lease;
 mod options;
 
 mod backend;
+
+mod hold;
+
 mod heartbeat;
 mod queue;
 
@@ -94,6 +97,8 @@ mod global;
 mod guard;
 
 mod acquire;
+mod kinds;
+
 mod builder;
 mod client;
 

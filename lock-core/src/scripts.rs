@@ -337,6 +337,245 @@ return answer"#
     ))
 });
 
+/// Lua: `clock_ms()`, the server's clock in milliseconds (`TIME`): the
+/// scores of shared holders and permits. Redis 7 replicates a script's
+/// effects, not the script, so a replica stores the same scores.
+///
+/// And `stretch(lock, holders, marker, now)`: after the holder set changed,
+/// the marker key lives exactly as long as the longest-lived holder, and the
+/// set as long; an empty set deletes both. Every exclusive acquisition's
+/// `SET NX` fails while the marker exists, so an exclusive holder and
+/// shared holders (or permits) never meet. The caller has checked that
+/// `lock` is the marker or absent.
+macro_rules! lua_members {
+    () => {
+        r#"local function clock_ms()
+  local now = redis.call("TIME")
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function stretch(lock, holders, marker, now)
+  local last = redis.call("ZRANGE", holders, -1, -1, "WITHSCORES")
+  if last[2] == nil then
+    redis.call("DEL", lock, holders)
+    return
+  end
+  local left = math.max(1, tonumber(last[2]) - now)
+  redis.call("SET", lock, marker, "PX", left)
+  redis.call("PEXPIRE", holders, left)
+end
+local function is_marker(value)
+  return value == "shared" or string.sub(value, 1, 8) == "permits:"
+end
+"#
+    };
+}
+
+/// The acquisition attempt after a first one found the key held (and
+/// every fenced attempt): `SET NX PX`, and the next fencing token when
+/// `KEYS[3]` is given; when the key is held, its remaining time, and the
+/// mark of a waiting exclusive holder when shared holders hold it.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` its writer-waiting mark, optional
+/// `KEYS[3]` fence counter (all one hash slot); `ARGV[1]` token, `ARGV[2]`
+/// ttl in milliseconds, `ARGV[3]` how long the writer mark lasts, in
+/// milliseconds, `ARGV[4]` (with a counter) how long the counter is kept.
+/// Returns `{1, fence}` (fence 0 without a counter) or `{0, pttl}`.
+///
+/// The writer mark (a short-lived key, refreshed by every attempt of every
+/// exclusive waiter) keeps new shared holders out while an exclusive one
+/// waits, so a stream of readers cannot starve it. When the counter cannot
+/// be raised, the lock just set is deleted again and the error is the
+/// answer (see [`ACQUIRE_FENCED`]).
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_fence!(),
+        r#"if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+  if not KEYS[3] then
+    return {1, 0}
+  end
+  local fence = next_fence(KEYS[3], ARGV[4])
+  if type(fence) == "table" then
+    redis.call("DEL", KEYS[1])
+    return fence
+  end
+  return {1, fence}
+end
+local ok, held = read(KEYS[1])
+if ok and held == "shared" then
+  redis.call("SET", KEYS[2], "1", "PX", ARGV[3])
+end
+return {0, redis.call("PTTL", KEYS[1])}"#
+    ))
+});
+
+/// Several keys at once, all or none: checks every key, and sets them all
+/// (with the token and ttl) only when none is held.
+///
+/// `KEYS[1..n]` the lock keys, `KEYS[n+1..2n]` their writer marks, and with
+/// fencing `KEYS[2n+1..3n]` their fence counters (all one hash slot; on
+/// one server any); `ARGV[1]` token, `ARGV[2]` ttl in milliseconds,
+/// `ARGV[3]` n, `ARGV[4]` how long a writer mark lasts (0: set none),
+/// `ARGV[5]` (with
+/// fencing) how long the counters are kept. Returns `{1, fence_1, ..,
+/// fence_n}` (fences 0 without counters), or `{0, i, pttl}` for the first
+/// held key, whose waiters' release message the caller then listens for.
+/// A key of another type reads as held. A counter that cannot be raised
+/// undoes every key set and is the answer.
+pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_fence!(),
+        r#"local n = tonumber(ARGV[3])
+for i = 1, n do
+  local ok, held = read(KEYS[i])
+  if not ok and held then
+    return held
+  end
+  if held or not ok then
+    if held == "shared" and ARGV[4] ~= "0" then
+      redis.call("SET", KEYS[n + i], "1", "PX", ARGV[4])
+    end
+    return {0, i, redis.call("PTTL", KEYS[i])}
+  end
+end
+local answer = {1}
+for i = 1, n do
+  redis.call("SET", KEYS[i], ARGV[1], "PX", ARGV[2])
+  answer[i + 1] = 0
+end
+if KEYS[2 * n + 1] then
+  for i = 1, n do
+    local fence = next_fence(KEYS[2 * n + i], ARGV[5])
+    if type(fence) == "table" then
+      for j = 1, n do
+        redis.call("DEL", KEYS[j])
+      end
+      return fence
+    end
+    answer[i + 1] = fence
+  end
+end
+return answer"#
+    ))
+});
+
+/// A shared holder or a permit joins a key's holder set.
+///
+/// `KEYS[1]` lock key (the marker while the set has holders), `KEYS[2]`
+/// the holder set (a sorted set: token → expiry on the server's clock, in
+/// milliseconds), `KEYS[3]` the writer mark (see [`ACQUIRE`]); `ARGV[1]`
+/// token, `ARGV[2]` ttl in milliseconds, `ARGV[3]` the marker (`shared` or
+/// `permits:N`), `ARGV[4]` N (0 for shared).
+///
+/// Returns `{1, 0}` when admitted; `{0, ms}` when not, with how long until
+/// it may change (the exclusive holder's or the writer mark's remaining
+/// time, or the first permit's expiry); `{-1, marker}` when the key is
+/// held with another marker (shared against permits, or another N): an
+/// error for the caller, never a wait. Expired holders are pruned first: a
+/// crashed holder's permit comes back when its lease runs out.
+pub(crate) static MEMBER_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_members!(),
+        r#"local ok, held = read(KEYS[1])
+if not ok then
+  return held or {0, redis.call("PTTL", KEYS[1])}
+end
+local marker = ARGV[3]
+if held and held ~= marker then
+  if is_marker(held) then
+    return {-1, held}
+  end
+  return {0, redis.call("PTTL", KEYS[1])}
+end
+local limit = tonumber(ARGV[4])
+if limit == 0 then
+  local writer = redis.call("PTTL", KEYS[3])
+  if writer > 0 then
+    return {0, writer}
+  end
+end
+local now = clock_ms()
+redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", now)
+if limit > 0 and redis.call("ZCARD", KEYS[2]) >= limit then
+  local first = redis.call("ZRANGE", KEYS[2], 0, 0, "WITHSCORES")
+  return {0, math.max(1, tonumber(first[2]) - now)}
+end
+redis.call("ZADD", KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+stretch(KEYS[1], KEYS[2], marker, now)
+return {1, 0}"#
+    ))
+});
+
+/// A shared holder or a permit leaves the holder set, and waiters are told.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` holder set; `ARGV[1]` token, `ARGV[2]`
+/// marker. Returns 1 when the holder was still in the set and unexpired, 0
+/// otherwise. The marker's expiry shrinks to the longest remaining holder's,
+/// and goes with the last one.
+pub(crate) static MEMBER_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_members!(),
+        r#"local ok, held = read(KEYS[1])
+if not ok or held ~= ARGV[2] then
+  return 0
+end
+local now = clock_ms()
+local score = redis.call("ZSCORE", KEYS[2], ARGV[1])
+local ours = 0
+if score and tonumber(score) > now then
+  ours = 1
+end
+redis.call("ZREM", KEYS[2], ARGV[1])
+redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", now)
+stretch(KEYS[1], KEYS[2], ARGV[2], now)
+redis.call("PUBLISH", KEYS[1], "")
+return ours"#
+    ))
+});
+
+/// Renews holders in holder sets: each one's expiry raised to its ttl from
+/// now (never lowered), or, with `ARGV[1]` = 1, set to exactly that
+/// (`min_hold`, a shorter `extend`).
+///
+/// `KEYS[2i-1]` lock key and `KEYS[2i]` holder set of the i-th holder;
+/// `ARGV[1]` exact (0 or 1), then per holder `ARGV[3i-1]` marker,
+/// `ARGV[3i]` token, `ARGV[3i+1]` ttl in milliseconds. Returns an array: 1
+/// where the holder is still in its set and unexpired, 0 where not (it is
+/// then removed).
+pub(crate) static MEMBER_RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_members!(),
+        r#"local now = clock_ms()
+local exact = ARGV[1] == "1"
+local renewed = {}
+for i = 1, #KEYS / 2 do
+  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
+  local marker, token = ARGV[3 * i - 1], ARGV[3 * i]
+  local expiry = now + tonumber(ARGV[3 * i + 1])
+  renewed[i] = 0
+  local ok, held = read(lock)
+  if ok and held == marker then
+    local score = redis.call("ZSCORE", holders, token)
+    if score and tonumber(score) > now then
+      if exact or expiry > tonumber(score) then
+        redis.call("ZADD", holders, expiry, token)
+      end
+      renewed[i] = 1
+    else
+      redis.call("ZREM", holders, token)
+    end
+    redis.call("ZREMRANGEBYSCORE", holders, "-inf", now)
+    stretch(lock, holders, marker, now)
+  end
+end
+return renewed"#
+    ))
+});
+
 /// The scripts against a real `redis-server`.
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

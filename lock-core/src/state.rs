@@ -5,10 +5,12 @@ use crate::backend::{Backend, Wakeups};
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::Heartbeat;
-use crate::lease::MAX_KEY_LEN;
+use crate::hold::{self, Expiry};
+use crate::lease::{Lease, MAX_KEY_LEN, Scope};
 use crate::queue::{HandoffBudget, Queues};
 use crate::token::Token;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,18 +145,54 @@ pub(crate) fn spawn_release(
     token: Token,
     keep_for: Option<Duration>,
 ) {
+    in_background(async move {
+        let limit = inner.op_timeout;
+        let _ = match keep_for {
+            Some(keep_for) => {
+                inner
+                    .backend
+                    .set_ttl(&storage_key, &token, keep_for, limit)
+                    .await
+            }
+            None => inner.backend.release(&storage_key, &token, limit).await,
+        };
+    });
+}
+
+/// [`spawn_release`] of a held lease, whatever it holds.
+pub(crate) fn spawn_release_lease(
+    inner: Arc<ClientInner>,
+    lease: Arc<Lease>,
+    keep_for: Option<Duration>,
+) {
+    in_background(async move {
+        let limit = inner.op_timeout;
+        let backend = &inner.backend;
+        let _ = match keep_for {
+            Some(keep_for) => hold::expire(backend, &lease, keep_for, Expiry::Exact, limit).await,
+            None => hold::release(backend, &lease, limit).await,
+        };
+    });
+}
+
+/// [`spawn_release`] of what `token` may hold under `scope` (an attempt on
+/// several keys, or a shared holder's or a permit's, whose answer never
+/// came).
+pub(crate) fn spawn_release_scope(
+    inner: Arc<ClientInner>,
+    storage_key: Arc<str>,
+    scope: Scope,
+    token: Token,
+) {
+    in_background(async move {
+        let limit = inner.op_timeout;
+        let _ = hold::release_keys(&inner.backend, &storage_key, &scope, &token, limit).await;
+    });
+}
+
+/// Runs `work` on the current tokio runtime; nothing outside one.
+fn in_background(work: impl Future<Output = ()> + Send + 'static) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(async move {
-            let limit = inner.op_timeout;
-            let _ = match keep_for {
-                Some(keep_for) => {
-                    inner
-                        .backend
-                        .set_ttl(&storage_key, &token, keep_for, limit)
-                        .await
-                }
-                None => inner.backend.release(&storage_key, &token, limit).await,
-            };
-        });
+        handle.spawn(work);
     }
 }

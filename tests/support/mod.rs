@@ -204,6 +204,27 @@ impl Backend {
         }
     }
 
+    /// Deletes `storage_key` behind every holder's back, as an operator
+    /// would; `false` on the in-memory store, which has no such door.
+    pub fn delete(&self, storage_key: &str) -> bool {
+        let del = |server: &RedisServer| {
+            let _: i64 = server.cmd(&["DEL", storage_key]);
+        };
+        match self {
+            Backend::Memory(_) => return false,
+            Backend::Server(server) => del(server),
+            Backend::Cluster(cluster) => {
+                let primary = cluster
+                    .primary_of_key(storage_key)
+                    .unwrap()
+                    .expect("every slot has a primary");
+                del(&cluster.nodes()[primary]);
+            }
+            Backend::Redlock(servers) => servers.iter().for_each(del),
+        }
+        true
+    }
+
     /// Whether nothing at all is stored: no lock, no fence counter (the
     /// in-memory store shows only its locks).
     pub fn is_empty(&self) -> bool {

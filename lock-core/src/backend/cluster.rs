@@ -1,12 +1,14 @@
 //! A Redis Cluster: one cluster connection that sends each command to the
 //! primary of its key's hash slot, with a bound on every call.
 
-use super::MinReplicas;
 use super::node::redact;
 use super::shared::{self, Failure, Shared};
+use super::{LockKeys, MinReplicas, Several};
 use crate::error::{ErrorKind, LockError, from_redis};
+use crate::token::Token;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
 use std::future::Future;
 use std::time::Duration;
 
@@ -132,6 +134,74 @@ impl ClusterNode {
             .call(&self.addr, limit, retry_on_drop, open, failure, f)
             .await
     }
+}
+
+/// Several keys on a cluster, all or none: the keys of one hash slot in one
+/// script, the slots one after another in the keys' canonical order (the
+/// order of each slot's first key). When a slot's keys are held, the slots
+/// already taken are released again (compare-and-delete, so nobody else's
+/// key is touched) and the attempt is busy; so is a failure, which
+/// releases in the same way.
+pub(crate) async fn acquire_all(
+    node: &ClusterNode,
+    keys: &[LockKeys<'_>],
+    token: &Token,
+    ttl: Duration,
+    writer_for: Duration,
+    limit: Duration,
+) -> Result<Several, LockError> {
+    let started = tokio::time::Instant::now();
+    let groups = by_slot(keys);
+    let fenced = keys.iter().all(|k| k.fence.is_some());
+    let mut fences = vec![0u64; if fenced { keys.len() } else { 0 }];
+    let mut taken: Vec<&str> = Vec::with_capacity(keys.len());
+    for group in &groups {
+        let slot_keys: Vec<LockKeys<'_>> = group.iter().map(|&i| keys[i].reborrow()).collect();
+        let left = limit.saturating_sub(started.elapsed());
+        let answer = node
+            .acquire_all(&slot_keys, token, ttl, writer_for, left)
+            .await;
+        match answer {
+            Ok(Several::Granted(got)) => {
+                for (&i, fence) in group.iter().zip(got) {
+                    if let Some(slot) = fences.get_mut(i) {
+                        *slot = fence;
+                    }
+                }
+                taken.extend(group.iter().map(|&i| keys[i].lock));
+            }
+            other => {
+                // Undo within the same bound as a release; the keys taken
+                // expire by themselves should this fail too.
+                let undo = taken
+                    .iter()
+                    .map(|key| node.release(key, token, limit.max(Duration::from_millis(1))));
+                futures::future::join_all(undo).await;
+                return match other {
+                    Ok(Several::Busy { at }) => Ok(Several::Busy {
+                        at: group[at.min(group.len() - 1)],
+                    }),
+                    Ok(Several::Granted(_)) => Ok(Several::Busy { at: group[0] }),
+                    Err(e) => Err(e),
+                };
+            }
+        }
+    }
+    Ok(Several::Granted(fences))
+}
+
+/// The indexes of `keys` grouped by hash slot, each group in canonical
+/// order, the groups in the order of their first key.
+fn by_slot(keys: &[LockKeys<'_>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let slot = Slot::for_key(key.lock);
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
 }
 
 /// The error for a cluster connection that could not be opened: a refusal

@@ -1,6 +1,9 @@
 //! The lock commands on one server.
 
-use super::{Attempt, BATCH, ClusterNode, LockKeys, MinReplicas, Node, Renewable};
+use super::{
+    Attempt, BATCH, ClusterNode, Joined, LockKeys, MemberKeys, MemberLease, MinReplicas, Node,
+    Renewable, Several,
+};
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
 use crate::scripts::{self, Eval};
@@ -35,8 +38,8 @@ macro_rules! lock_commands {
             ) -> Result<Attempt, LockError> {
                 let ttl_ms = ttl_millis(ttl);
                 let min = self.min_replicas;
-                let (attempt, short) = match keys.fence {
-                    None => {
+                let (attempt, short) = match (keys.fence, keys.writer) {
+                    (None, None) => {
                         self.call(limit, false, |mut conn| {
                             // Sized up front: no regrowth on the hot path.
                             let mut cmd = redis::Cmd::with_capacity(
@@ -54,13 +57,13 @@ macro_rules! lock_commands {
                                 if ok.is_none() {
                                     return Ok((Attempt::Busy, None));
                                 }
-                                let short = replicate(&mut conn, min, keys.lock, token).await?;
+                                let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: None }, short))
                             }
                         })
                         .await?
                     }
-                    Some(fence_key) => {
+                    (Some(fence_key), None) => {
                         self.call(limit, false, |mut conn| {
                             let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
                             inv.key(keys.lock)
@@ -73,22 +76,39 @@ macro_rules! lock_commands {
                                 if fence == 0 {
                                     return Ok((Attempt::Busy, None));
                                 }
-                                let short = replicate(&mut conn, min, keys.lock, token).await?;
+                                let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: Some(fence) }, short))
+                            }
+                        })
+                        .await?
+                    }
+                    (fence_key, Some((writer, writer_for))) => {
+                        self.call(limit, false, |mut conn| {
+                            let mut inv =
+                                Eval::new(&scripts::ACQUIRE, 2 + usize::from(fence_key.is_some()));
+                            inv.key(keys.lock).key(writer);
+                            if let Some(fence_key) = fence_key {
+                                inv.key(fence_key);
+                            }
+                            inv.arg(token).arg(ttl_ms).arg(ttl_millis(writer_for));
+                            if fence_key.is_some() {
+                                inv.arg(ttl_millis(fence_retention(ttl)));
+                            }
+                            async move {
+                                let answer: (i64, i64) = inv.invoke(&mut conn).await?;
+                                if answer.0 != 1 {
+                                    return Ok((Attempt::Busy, None));
+                                }
+                                let short = replicate(&mut conn, min, &[keys.lock], token).await?;
+                                let fence = fence_key.map(|_| answer.1.max(0) as u64);
+                                Ok((Attempt::Granted { fence }, short))
                             }
                         })
                         .await?
                     }
                 };
                 match (short, min) {
-                    (Some(acked), Some(min)) => Err(LockError::new(ErrorKind::Unavailable)
-                        .with_message(format!(
-                            "the lock was not replicated to {} replicas within {:?} \
-                     ({acked} acknowledged on {}); it was released again",
-                            min.replicas,
-                            min.timeout,
-                            self.addr()
-                        ))),
+                    (Some(acked), Some(min)) => Err(too_few_replicas(acked, min, self.addr())),
                     _ => Ok(attempt),
                 }
             }
@@ -246,6 +266,146 @@ macro_rules! lock_commands {
                 Ok(lifted == 1)
             }
 
+            /// Several keys in one script, all or none (see
+            /// [`scripts::ACQUIRE_ALL`]); every key in `keys` on this server
+            /// (in a cluster, in one slot).
+            pub(crate) async fn acquire_all(
+                &self,
+                keys: &[LockKeys<'_>],
+                token: &Token,
+                ttl: Duration,
+                writer_for: Duration,
+                limit: Duration,
+            ) -> Result<Several, LockError> {
+                let fenced = keys.iter().all(|k| k.fence.is_some());
+                let min = self.min_replicas;
+                let (answer, short) = self
+                    .call(limit, false, |mut conn| {
+                        let n = keys.len();
+                        let mut inv =
+                            Eval::new(&scripts::ACQUIRE_ALL, n * if fenced { 3 } else { 2 });
+                        for k in keys {
+                            inv.key(k.lock);
+                        }
+                        for k in keys {
+                            // Without marks the key's own name stands in
+                            // (same slot), and a mark lasting 0 ms tells the
+                            // script to write none.
+                            inv.key(k.writer.map_or(k.lock, |(w, _)| w));
+                        }
+                        if fenced {
+                            for k in keys {
+                                inv.key(k.fence.unwrap_or_default());
+                            }
+                        }
+                        let marked = keys.iter().all(|k| k.writer.is_some());
+                        let writer_ms = if marked { ttl_millis(writer_for) } else { 0 };
+                        inv.arg(token).arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
+                        if fenced {
+                            inv.arg(ttl_millis(fence_retention(ttl)));
+                        }
+                        async move {
+                            let answer: Vec<i64> = inv.invoke(&mut conn).await?;
+                            if answer.first() != Some(&1) {
+                                return Ok((answer, None));
+                            }
+                            let locks: Vec<&str> = keys.iter().map(|k| k.lock).collect();
+                            let short = replicate(&mut conn, min, &locks, token).await?;
+                            Ok((answer, short))
+                        }
+                    })
+                    .await?;
+                if let (Some(acked), Some(min)) = (short, min) {
+                    return Err(too_few_replicas(acked, min, self.addr()));
+                }
+                Ok(several(&answer, keys.len(), fenced))
+            }
+
+            /// A shared holder or a permit joins the key's holder set (see
+            /// [`scripts::MEMBER_ACQUIRE`]).
+            pub(crate) async fn member_acquire(
+                &self,
+                keys: &MemberKeys<'_>,
+                token: &Token,
+                ttl: Duration,
+                limit: Duration,
+            ) -> Result<Joined, LockError> {
+                let answer: (i64, redis::Value) = self
+                    .call(limit, false, |mut conn| {
+                        let mut inv = Eval::new(&scripts::MEMBER_ACQUIRE, 3);
+                        inv.key(keys.lock)
+                            .key(keys.holders)
+                            .key(keys.writer)
+                            .arg(token)
+                            .arg(ttl_millis(ttl))
+                            .arg(keys.marker)
+                            .arg(keys.limit);
+                        async move { inv.invoke(&mut conn).await }
+                    })
+                    .await?;
+                Ok(match answer {
+                    (1, _) => Joined::Granted,
+                    (-1, held) => Joined::Mismatch(
+                        redis::from_redis_value::<String>(held).unwrap_or_default(),
+                    ),
+                    _ => Joined::Busy,
+                })
+            }
+
+            /// A holder leaves its key's holder set; `Ok(false)`: it was no
+            /// longer in it.
+            pub(crate) async fn member_release(
+                &self,
+                keys: &MemberKeys<'_>,
+                token: &Token,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                let released: i64 = self
+                    .call(limit, true, |mut conn| {
+                        let mut inv = Eval::new(&scripts::MEMBER_RELEASE, 2);
+                        inv.key(keys.lock)
+                            .key(keys.holders)
+                            .arg(token)
+                            .arg(keys.marker);
+                        async move { inv.invoke(&mut conn).await }
+                    })
+                    .await?;
+                Ok(released == 1)
+            }
+
+            /// Renews holders in their holder sets (`exact`: sets their
+            /// expiry to the ttl, shorter or longer); the answers in order.
+            pub(crate) async fn member_renew(
+                &self,
+                holders: &[MemberLease<'_>],
+                exact: bool,
+                limit: Duration,
+            ) -> Result<Vec<bool>, LockError> {
+                let calls = holders.chunks(BATCH).map(|chunk| {
+                    self.call(limit, true, move |mut conn| {
+                        let mut inv = Eval::new(&scripts::MEMBER_RENEW, 2 * chunk.len());
+                        for h in chunk {
+                            inv.key(h.keys.lock).key(h.keys.holders);
+                        }
+                        inv.arg(u8::from(exact));
+                        for h in chunk {
+                            inv.arg(h.keys.marker).arg(h.token).arg(ttl_millis(h.ttl));
+                        }
+                        async move { inv.invoke::<Vec<i64>>(&mut conn).await }
+                    })
+                });
+                let mut renewed = Vec::with_capacity(holders.len());
+                for answer in join_all(calls).await {
+                    renewed.extend(answer?.into_iter().map(|r| r == 1));
+                }
+                if renewed.len() != holders.len() {
+                    return Err(LockError::new(ErrorKind::Server).with_message(
+                        "the holder renewal answered for the wrong number of holders",
+                    ));
+                }
+                Ok(renewed)
+            }
+
             /// The Redis type of `key` (`"string"` for a lock, `"none"` when absent).
             pub(crate) async fn key_type(
                 &self,
@@ -283,13 +443,13 @@ lock_commands!(ClusterNode);
 async fn replicate<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     min: Option<MinReplicas>,
-    key: &str,
+    keys: &[&str],
     token: &Token,
 ) -> redis::RedisResult<Option<i64>> {
     match min {
         None => Ok(None),
         // Boxed: rare, and kept out of the acquisition's future.
-        Some(min) => Box::pin(wait_for_replicas(conn, min, key, token)).await,
+        Some(min) => Box::pin(wait_for_replicas(conn, min, keys, token)).await,
     }
 }
 
@@ -297,7 +457,7 @@ async fn replicate<C: redis::aio::ConnectionLike>(
 async fn wait_for_replicas<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     min: MinReplicas,
-    key: &str,
+    keys: &[&str],
     token: &Token,
 ) -> redis::RedisResult<Option<i64>> {
     let waited: redis::RedisResult<i64> = redis::cmd("WAIT")
@@ -310,13 +470,41 @@ async fn wait_for_replicas<C: redis::aio::ConnectionLike>(
         Ok(acked) => Ok(acked),
         Err(e) => Err(e),
     };
-    let mut release = Eval::new(&scripts::RELEASE, 1);
-    release.key(key).arg(token);
-    let released: redis::RedisResult<i64> = release.invoke(conn).await;
+    let mut released: redis::RedisResult<i64> = Ok(0);
+    for key in keys {
+        let mut release = Eval::new(&scripts::RELEASE, 1);
+        release.key(*key).arg(token);
+        released = released.and(release.invoke(conn).await);
+    }
     match (acked, released) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(e),
         (Ok(acked), Ok(_)) => Ok(Some(acked)),
+    }
+}
+
+/// The error for a lock that was released again because too few replicas
+/// acknowledged it.
+fn too_few_replicas(acked: i64, min: MinReplicas, addr: &str) -> LockError {
+    LockError::new(ErrorKind::Unavailable).with_message(format!(
+        "the lock was not replicated to {} replicas within {:?} \
+         ({acked} acknowledged on {addr}); it was released again",
+        min.replicas, min.timeout,
+    ))
+}
+
+/// [`scripts::ACQUIRE_ALL`]'s answer for `n` keys.
+fn several(answer: &[i64], n: usize, fenced: bool) -> Several {
+    match answer {
+        [1, fences @ ..] if fences.len() == n => Several::Granted(if fenced {
+            fences.iter().map(|f| (*f).max(0) as u64).collect()
+        } else {
+            Vec::new()
+        }),
+        [_, at, ..] => Several::Busy {
+            at: usize::try_from(*at).unwrap_or(1).saturating_sub(1),
+        },
+        _ => Several::Busy { at: 0 },
     }
 }
 
@@ -341,6 +529,7 @@ mod tests {
         let keys = LockKeys {
             lock: "k",
             fence: None,
+            writer: None,
         };
         let ttl = Duration::from_secs(3);
         let granted = node.acquire(&keys, &token, ttl, LIMIT).await.unwrap();

@@ -7,7 +7,7 @@
 //! see leases expire exactly when the clock is advanced.
 
 use super::wakeup::Channels;
-use super::{Attempt, LockKeys, Renewable, Renewal};
+use super::{Attempt, Joined, LockKeys, MemberKeys, MemberLease, Renewable, Renewal, Several};
 use crate::lease::fence_retention;
 use crate::token::Token;
 use std::collections::HashMap;
@@ -53,6 +53,45 @@ struct State {
     locks: HashMap<String, Held>,
     /// Fence counters: the last token, and when the counter expires.
     fences: HashMap<String, (u64, Instant)>,
+    /// Shared holders and permits, by lock key.
+    groups: HashMap<String, Group>,
+    /// Writer marks: when each expires.
+    writers: HashMap<String, Instant>,
+}
+
+/// The holders of a shared lock or of permits.
+struct Group {
+    /// `shared` or `permits:N`.
+    marker: String,
+    holders: Vec<(Token, Instant)>,
+}
+
+impl Group {
+    /// Drops expired holders; `true` while any remains.
+    fn prune(&mut self, now: Instant) -> bool {
+        self.holders.retain(|(_, expires)| *expires > now);
+        !self.holders.is_empty()
+    }
+}
+
+impl State {
+    /// Whether anyone holds `key` now: an exclusive holder, or live shared
+    /// holders or permits.
+    fn taken(&mut self, key: &str, now: Instant) -> bool {
+        if self.locks.get(key).is_some_and(|held| held.expires > now) {
+            return true;
+        }
+        self.groups.get_mut(key).is_some_and(|g| g.prune(now))
+    }
+
+    /// An exclusive attempt found `key` taken: with shared holders there,
+    /// it marks that a writer waits, for `writer_for`.
+    fn mark_writer(&mut self, key: &str, writer: Option<(&str, Duration)>, now: Instant) {
+        let shared = self.groups.get(key).is_some_and(|g| g.marker == "shared");
+        if let (true, Some((mark, writer_for))) = (shared, writer) {
+            self.writers.insert(mark.to_owned(), now + writer_for);
+        }
+    }
 }
 
 struct Held {
@@ -69,12 +108,10 @@ impl MemoryStore {
     /// How many locks are held now (expired ones are not counted).
     pub fn held(&self) -> usize {
         let now = Instant::now();
-        self.inner
-            .lock()
-            .locks
-            .values()
-            .filter(|held| held.expires > now)
-            .count()
+        let state = self.inner.lock();
+        let exclusive = state.locks.values().filter(|held| held.expires > now);
+        let members = state.groups.values().flat_map(|g| &g.holders);
+        exclusive.count() + members.filter(|(_, expires)| *expires > now).count()
     }
 
     /// The channels a client listens on, fed by this store's releases.
@@ -107,11 +144,8 @@ impl MemoryStore {
     pub(crate) fn acquire(&self, keys: &LockKeys<'_>, token: &Token, ttl: Duration) -> Attempt {
         let now = Instant::now();
         let mut state = self.inner.lock();
-        if state
-            .locks
-            .get(keys.lock)
-            .is_some_and(|held| held.expires > now)
-        {
+        if state.taken(keys.lock, now) {
+            state.mark_writer(keys.lock, keys.writer, now);
             return Attempt::Busy;
         }
         state.locks.insert(
@@ -125,6 +159,123 @@ impl MemoryStore {
             .fence
             .map(|fence_key| next_fence(&mut state, fence_key, ttl));
         Attempt::Granted { fence }
+    }
+
+    /// Several keys, all or none.
+    pub(crate) fn acquire_all(
+        &self,
+        keys: &[LockKeys<'_>],
+        token: &Token,
+        ttl: Duration,
+    ) -> Several {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        for (at, k) in keys.iter().enumerate() {
+            if state.taken(k.lock, now) {
+                state.mark_writer(k.lock, k.writer, now);
+                return Several::Busy { at };
+            }
+        }
+        let mut fences = Vec::new();
+        for k in keys {
+            state.locks.insert(
+                k.lock.to_owned(),
+                Held {
+                    token: token.clone(),
+                    expires: now + ttl,
+                },
+            );
+            if let Some(fence_key) = k.fence {
+                fences.push(next_fence(&mut state, fence_key, ttl));
+            }
+        }
+        Several::Granted(fences)
+    }
+
+    /// A shared holder or a permit joins, as `scripts::MEMBER_ACQUIRE` does.
+    pub(crate) fn member_acquire(
+        &self,
+        keys: &MemberKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+    ) -> Joined {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        if state
+            .locks
+            .get(keys.lock)
+            .is_some_and(|held| held.expires > now)
+        {
+            return Joined::Busy;
+        }
+        let waiting_writer = state
+            .writers
+            .get(keys.writer)
+            .is_some_and(|until| *until > now);
+        let group = state
+            .groups
+            .entry(keys.lock.to_owned())
+            .or_insert_with(|| Group {
+                marker: keys.marker.to_owned(),
+                holders: Vec::new(),
+            });
+        if !group.prune(now) {
+            group.marker = keys.marker.to_owned();
+        }
+        if group.marker != keys.marker {
+            return Joined::Mismatch(group.marker.clone());
+        }
+        let full = keys.limit > 0 && group.holders.len() >= keys.limit as usize;
+        if full || (keys.limit == 0 && waiting_writer) {
+            return Joined::Busy;
+        }
+        group.holders.push((token.clone(), now + ttl));
+        Joined::Granted
+    }
+
+    /// A shared holder or a permit leaves; `false`: it was no longer held.
+    pub(crate) fn member_release(&self, keys: &MemberKeys<'_>, token: &Token) -> bool {
+        let now = Instant::now();
+        let released = {
+            let mut state = self.inner.lock();
+            let Some(group) = state.groups.get_mut(keys.lock) else {
+                return false;
+            };
+            let before = group.holders.len();
+            group
+                .holders
+                .retain(|(t, expires)| t != token && *expires > now);
+            let ours = group.holders.len() < before;
+            if group.holders.is_empty() {
+                state.groups.remove(keys.lock);
+            }
+            ours
+        };
+        self.publish(keys.lock);
+        released
+    }
+
+    /// Renews shared holders or permits; `exact` sets their expiry to the
+    /// ttl, shorter or longer.
+    pub(crate) fn member_renew(&self, holders: &[MemberLease<'_>], exact: bool) -> Vec<bool> {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        holders
+            .iter()
+            .map(|h| {
+                let Some(group) = state.groups.get_mut(h.keys.lock) else {
+                    return false;
+                };
+                group.prune(now);
+                let Some((_, expires)) = group.holders.iter_mut().find(|(t, _)| t == h.token)
+                else {
+                    return false;
+                };
+                let until = now + h.ttl;
+                *expires = if exact { until } else { (*expires).max(until) };
+                true
+            })
+            .collect()
     }
 
     /// The lock at `key` if it is ours and not expired.
@@ -250,6 +401,7 @@ mod tests {
         let keys = LockKeys {
             lock: "k",
             fence: Some("k:fence"),
+            writer: None,
         };
         let ttl = Duration::from_secs(1);
         let fence = |store: &MemoryStore| {
@@ -287,6 +439,7 @@ mod tests {
         let keys = LockKeys {
             lock: "k",
             fence: None,
+            writer: None,
         };
         assert_eq!(
             store.acquire(&keys, &token, Duration::from_secs(30)),

@@ -36,6 +36,21 @@ pub(crate) trait Renewable: Sync {
     fn name(&self) -> &str;
 }
 
+impl<R: Renewable> Renewable for &R {
+    fn storage_key(&self) -> &str {
+        (**self).storage_key()
+    }
+    fn token(&self) -> &Token {
+        (**self).token()
+    }
+    fn ttl(&self) -> Duration {
+        (**self).ttl()
+    }
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+}
+
 /// What a round of renewals said about one lease.
 pub(crate) enum Renewal {
     Renewed,
@@ -57,6 +72,75 @@ pub(crate) enum Attempt {
 pub(crate) struct LockKeys<'a> {
     pub(crate) lock: &'a str,
     pub(crate) fence: Option<&'a str>,
+    /// On an attempt after the first: the key's writer mark, and how long an
+    /// attempt that finds shared holders sets it for (see
+    /// `scripts::ACQUIRE`). The first attempt without fencing is a plain
+    /// `SET NX`.
+    pub(crate) writer: Option<(&'a str, Duration)>,
+}
+
+impl LockKeys<'_> {
+    /// The same keys, borrowed for a shorter time.
+    pub(crate) fn reborrow(&self) -> LockKeys<'_> {
+        LockKeys {
+            lock: self.lock,
+            fence: self.fence,
+            writer: self.writer,
+        }
+    }
+}
+
+/// The answer to an attempt on several keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Several {
+    /// Every key is ours: with fencing, each key's token, in order (empty
+    /// without).
+    Granted(Vec<u64>),
+    /// The key at `at` is held; none was taken.
+    Busy { at: usize },
+}
+
+/// The answer to a shared holder's or a permit's attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Joined {
+    Granted,
+    /// Held exclusively, an exclusive holder waits (for shared), or every
+    /// permit is taken.
+    Busy,
+    /// The key is held as something else: the marker found (`shared`, or
+    /// `permits:N` with another N).
+    Mismatch(String),
+}
+
+/// The keys of a lock with shared holders or permits; one hash slot.
+#[derive(Clone, Copy)]
+pub(crate) struct MemberKeys<'a> {
+    /// The lock key: the marker while holders exist.
+    pub(crate) lock: &'a str,
+    /// The holder set.
+    pub(crate) holders: &'a str,
+    /// The writer mark.
+    pub(crate) writer: &'a str,
+    /// `shared` or `permits:N`.
+    pub(crate) marker: &'a str,
+    /// N, or 0 for shared.
+    pub(crate) limit: u32,
+}
+
+/// One holder in a round of holder renewals.
+pub(crate) struct MemberLease<'a> {
+    pub(crate) keys: MemberKeys<'a>,
+    pub(crate) token: &'a Token,
+    pub(crate) ttl: Duration,
+}
+
+/// Why shared locks and permits are refused on Redlock.
+pub(crate) fn no_members_on_redlock() -> LockError {
+    LockError::config(
+        "shared locks and permits are not available on Redlock: a holder set \
+         kept on several independent servers has no majority rule that keeps \
+         its count; use one server, Sentinel or Cluster for them",
+    )
 }
 
 /// The storage behind a client.
@@ -83,6 +167,90 @@ impl Backend {
             Backend::Cluster(node) => node.acquire(&keys, token, ttl, limit).await,
             Backend::Redlock(quorum) => quorum.acquire(&keys, token, ttl, limit).await,
             Backend::Memory(store) => Ok(store.acquire(&keys, token, ttl)),
+        }
+    }
+
+    /// One attempt on several keys, all or none, bounded by `limit`. The
+    /// keys are in canonical order; on a Redis Cluster the keys of one hash
+    /// slot go in one script, the slots one after another in that order,
+    /// and the keys taken are released again when a later slot's are held.
+    pub(crate) async fn acquire_all(
+        &self,
+        keys: &[LockKeys<'_>],
+        token: &Token,
+        ttl: Duration,
+        writer_for: Duration,
+        limit: Duration,
+    ) -> Result<Several, LockError> {
+        match self {
+            Backend::Single(node) => node.acquire_all(keys, token, ttl, writer_for, limit).await,
+            Backend::Cluster(node) => {
+                cluster::acquire_all(node, keys, token, ttl, writer_for, limit).await
+            }
+            Backend::Redlock(quorum) => {
+                quorum
+                    .acquire_all(keys, token, ttl, writer_for, limit)
+                    .await
+            }
+            Backend::Memory(store) => Ok(store.acquire_all(keys, token, ttl)),
+        }
+    }
+
+    /// A shared holder's or a permit's attempt. Redlock has none.
+    pub(crate) async fn member_acquire(
+        &self,
+        keys: &MemberKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Joined, LockError> {
+        match self {
+            Backend::Single(node) => node.member_acquire(keys, token, ttl, limit).await,
+            Backend::Cluster(node) => node.member_acquire(keys, token, ttl, limit).await,
+            Backend::Redlock(_) => Err(no_members_on_redlock()),
+            Backend::Memory(store) => Ok(store.member_acquire(keys, token, ttl)),
+        }
+    }
+
+    /// A shared holder or a permit lets go. `Ok(false)`: it was no longer
+    /// held.
+    pub(crate) async fn member_release(
+        &self,
+        keys: &MemberKeys<'_>,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        match self {
+            Backend::Single(node) => node.member_release(keys, token, limit).await,
+            Backend::Cluster(node) => node.member_release(keys, token, limit).await,
+            Backend::Redlock(_) => Err(no_members_on_redlock()),
+            Backend::Memory(store) => Ok(store.member_release(keys, token)),
+        }
+    }
+
+    /// Renews shared holders or permits (`exact`: to exactly their ttl);
+    /// one answer per holder, in order.
+    pub(crate) async fn member_renew(
+        &self,
+        holders: &[MemberLease<'_>],
+        exact: bool,
+        limit: Duration,
+    ) -> Result<Vec<bool>, LockError> {
+        match self {
+            Backend::Single(node) => node.member_renew(holders, exact, limit).await,
+            // One call per holder: holders of different keys span slots.
+            Backend::Cluster(node) => {
+                let calls = holders
+                    .iter()
+                    .map(|h| node.member_renew(std::slice::from_ref(h), exact, limit));
+                let mut renewed = Vec::with_capacity(holders.len());
+                for answer in join_all(calls).await {
+                    renewed.extend(answer?);
+                }
+                Ok(renewed)
+            }
+            Backend::Redlock(_) => Err(no_members_on_redlock()),
+            Backend::Memory(store) => Ok(store.member_renew(holders, exact)),
         }
     }
 

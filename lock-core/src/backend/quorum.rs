@@ -54,7 +54,7 @@
 //! restarts empty resets its counter, and the argument above no longer holds
 //! for quorums that meet only on it.
 
-use super::{Attempt, LockKeys, Node, Renewable, Renewal};
+use super::{Attempt, LockKeys, Node, Renewable, Renewal, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
 use crate::observe;
@@ -140,6 +140,7 @@ impl Quorum {
                 let keys = LockKeys {
                     lock: &lock,
                     fence: fence_key.as_deref(),
+                    writer: None,
                 };
                 nodes[i].acquire(&keys, &token, ttl, per_node).await
             }
@@ -199,6 +200,89 @@ impl Quorum {
             ));
         }
         Ok(Attempt::Busy)
+    }
+
+    /// Several keys on every server, each with the all-or-none script;
+    /// granted when a majority granted in time, as [`acquire`](Self::acquire).
+    /// With fencing each key's token is the highest its counter gave on the
+    /// granting majority, lifted on a majority as for one key.
+    pub(crate) async fn acquire_all(
+        &self,
+        keys: &[LockKeys<'_>],
+        token: &Token,
+        ttl: Duration,
+        writer_for: Duration,
+        limit: Duration,
+    ) -> Result<Several, LockError> {
+        let started = Instant::now();
+        let per_node = self.node_timeout(ttl, limit);
+        let owned: Arc<[OwnedKeys]> = keys.iter().map(OwnedKeys::new).collect();
+        let calls = self.each_node(|nodes, i| {
+            let (owned, token) = (owned.clone(), token.clone());
+            async move {
+                let keys: Vec<LockKeys<'_>> = owned.iter().map(OwnedKeys::keys).collect();
+                nodes[i]
+                    .acquire_all(&keys, &token, ttl, writer_for, per_node)
+                    .await
+            }
+        });
+        let answers = until_majority(
+            calls,
+            self.majority(),
+            &self.background,
+            |answer| match answer {
+                Ok(Several::Granted(_)) => Some(true),
+                Ok(Several::Busy { .. }) => Some(false),
+                Err(_) => None,
+            },
+        )
+        .await;
+        let mut tally = Tally::new(self.majority());
+        let fenced = keys.iter().all(|k| k.fence.is_some());
+        let mut fences = vec![0u64; if fenced { keys.len() } else { 0 }];
+        let mut granted_on = Vec::with_capacity(self.nodes.len());
+        let mut busy_at = 0;
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            match answer {
+                None => {}
+                Some(Ok(Several::Granted(got))) => {
+                    tally.granted += 1;
+                    for (fence, f) in fences.iter_mut().zip(got) {
+                        *fence = (*fence).max(f);
+                    }
+                    granted_on.push(node);
+                }
+                Some(Ok(Several::Busy { at })) => {
+                    tally.busy += 1;
+                    busy_at = at;
+                }
+                Some(Err(e)) => tally.failures.push(NodeError::new(node.addr(), e)),
+            }
+        }
+        let in_time = started.elapsed() + drift(ttl) < ttl;
+        if tally.granted >= tally.needed && in_time {
+            let left = per_node.min(limit.saturating_sub(started.elapsed()));
+            let lifts = keys
+                .iter()
+                .zip(&fences)
+                .map(|(k, &fence)| self.lift(k, token, fence, &granted_on, started, ttl, left));
+            if join_all(lifts).await.into_iter().all(|lifted| lifted) {
+                return Ok(Several::Granted(fences));
+            }
+        }
+        let undo = keys
+            .iter()
+            .map(|k| self.release_on(k.lock, token, per_node, Wait::Answered));
+        join_all(undo).await;
+        if tally.granted + tally.busy < tally.needed {
+            return Err(tally.unavailable("too few Redis servers answered"));
+        }
+        if tally.granted >= tally.needed {
+            return Err(tally.unavailable(
+                "a majority granted the locks, but too late for any validity to remain",
+            ));
+        }
+        Ok(Several::Busy { at: busy_at })
     }
 
     /// The second fencing step; `true` when it stood on a majority in time.
@@ -575,6 +659,31 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.background.fetch_sub(self.left, Ordering::Relaxed);
+    }
+}
+
+/// [`LockKeys`] owned, for calls that may outlive the caller.
+struct OwnedKeys {
+    lock: Arc<str>,
+    fence: Option<Arc<str>>,
+    writer: Option<(Arc<str>, Duration)>,
+}
+
+impl OwnedKeys {
+    fn new(keys: &LockKeys<'_>) -> OwnedKeys {
+        OwnedKeys {
+            lock: keys.lock.into(),
+            fence: keys.fence.map(Into::into),
+            writer: keys.writer.map(|(w, d)| (w.into(), d)),
+        }
+    }
+
+    fn keys(&self) -> LockKeys<'_> {
+        LockKeys {
+            lock: &self.lock,
+            fence: self.fence.as_deref(),
+            writer: self.writer.as_ref().map(|(w, d)| (&**w, *d)),
+        }
     }
 }
 
