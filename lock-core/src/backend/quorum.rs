@@ -32,8 +32,8 @@
 //! attempts raise counters on some servers and not others, so the highest
 //! counter in one majority can be below that in another. With fencing on:
 //!
-//! 1. Each server runs one script: `SET NX PX`, and on success `INCR` its
-//!    fence counter. The token is `T = max` over the majority whose grants
+//! 1. Each server runs one script: `SET NX PX`, and on success raises its
+//!    fence counter to `max(counter + 1, its clock in µs)`. The token is `T = max` over the majority whose grants
 //!    decided the attempt (a server that grants later is not counted).
 //! 2. On each of those servers, a second script raises the counter to at
 //!    least `T`, only while our key still holds our token there.
@@ -44,8 +44,8 @@
 //! lift succeeded on a majority `QA`, each while A's key existed there. B
 //! was granted by a majority `QB`, and `QA` and `QB` share a server `n`. B's
 //! `SET NX` on `n` succeeded only after A's key on `n` was gone, so after
-//! A's lift on `n` had set the counter to at least `T_A`; B's `INCR` on `n`
-//! then returned at least `T_A + 1`, and `T_B`, a maximum that includes it,
+//! A's lift on `n` had set the counter to at least `T_A`; B's raise on `n`
+//! then gave at least `T_A + 1`, and `T_B`, a maximum that includes it,
 //! is larger than `T_A`.
 //!
 //! What it assumes: servers do not lose their data (persistence with
