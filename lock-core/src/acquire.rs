@@ -224,9 +224,13 @@ impl LockClient {
                 released.enable();
             }
             attempts.fetch_add(1, Ordering::Relaxed);
+            let mut free_in = None;
             let last_error = match contender.attempt(retry).await {
                 Ok(won) => return Ok(won),
-                Err(Lost::Busy) => None,
+                Err(Lost::Busy(left)) => {
+                    free_in = left;
+                    None
+                }
                 Err(Lost::Retry(e)) => Some(e),
                 Err(Lost::Fail(e)) => {
                     return Err(e
@@ -250,9 +254,13 @@ impl LockClient {
                 subscribe = true;
                 continue;
             }
+            // A holder that stopped (crashed, or a client that publishes
+            // nothing) frees the key at its expiry: the next attempt comes
+            // then at the latest, not a backoff later.
             let pause = inner
                 .backoff
                 .delay(attempt)
+                .min(free_in.unwrap_or(Duration::MAX))
                 .min(request.deadline.saturating_duration_since(Instant::now()));
             attempt = attempt.saturating_add(1);
             observe::retry(request.key, attempt, pause);
@@ -430,9 +438,9 @@ impl Contender for OneKey<'_, '_> {
             .await;
         match outcome {
             Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
-            Ok(Attempt::Busy) => {
+            Ok(Attempt::Busy { left }) => {
                 held.keep();
-                Err(Lost::Busy)
+                Err(Lost::Busy(left))
             }
             // The SET may have been applied with its answer lost: `held`
             // releases that token as it goes.
@@ -447,8 +455,9 @@ impl Contender for OneKey<'_, '_> {
 
 /// Why an attempt did not win.
 pub(crate) enum Lost {
-    /// Someone else holds the key.
-    Busy,
+    /// Someone else holds the key; its lease has this long left, when
+    /// the attempt learnt it.
+    Busy(Option<Duration>),
     /// No answer, or a passing one (the server loading, busy, failing
     /// over): try again within the wait.
     Retry(LockError),

@@ -188,7 +188,7 @@ impl Contender for SeveralKeys<'_, '_> {
             Ok(Several::Busy { at }) => {
                 held.keep();
                 self.busy = at.min(self.keys.len() - 1);
-                Err(Lost::Busy)
+                Err(Lost::Busy(None))
             }
             Err(e) => Err(Lost::from_error(e)),
         }
@@ -222,9 +222,9 @@ impl Contender for Member<'_, '_> {
             .await;
         match outcome {
             Ok(Joined::Granted) => Ok(Won(held.keep(), (), sent)),
-            Ok(Joined::Busy) => {
+            Ok(Joined::Busy { left }) => {
                 held.keep();
-                Err(Lost::Busy)
+                Err(Lost::Busy(left))
             }
             Ok(Joined::Mismatch(found)) => {
                 held.keep();

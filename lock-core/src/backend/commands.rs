@@ -55,7 +55,7 @@ macro_rules! lock_commands {
                             async move {
                                 let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
                                 if ok.is_none() {
-                                    return Ok((Attempt::Busy, None));
+                                    return Ok((Attempt::Busy { left: None }, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: None }, short))
@@ -74,7 +74,7 @@ macro_rules! lock_commands {
                             async move {
                                 let fence: u64 = inv.invoke(&mut conn).await?;
                                 if fence == 0 {
-                                    return Ok((Attempt::Busy, None));
+                                    return Ok((Attempt::Busy { left: None }, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: Some(fence) }, short))
@@ -97,7 +97,13 @@ macro_rules! lock_commands {
                             async move {
                                 let answer: (i64, i64) = inv.invoke(&mut conn).await?;
                                 if answer.0 != 1 {
-                                    return Ok((Attempt::Busy, None));
+                                    // PTTL: -2 gone since (free now), -1 no
+                                    // expiry (not a lock of ours: unknown).
+                                    let left = match answer.1 {
+                                        -1 => None,
+                                        ms => Some(Duration::from_millis(ms.max(0) as u64)),
+                                    };
+                                    return Ok((Attempt::Busy { left }, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 let fence = fence_key.map(|_| answer.1.max(0) as u64);
@@ -348,7 +354,12 @@ macro_rules! lock_commands {
                     (-1, held) => Joined::Mismatch(
                         redis::from_redis_value::<String>(held).unwrap_or_default(),
                     ),
-                    _ => Joined::Busy,
+                    (_, left) => Joined::Busy {
+                        left: redis::from_redis_value::<i64>(left)
+                            .ok()
+                            .filter(|ms| *ms >= 0)
+                            .map(|ms| Duration::from_millis(ms as u64)),
+                    },
                 })
             }
 

@@ -84,6 +84,17 @@ impl State {
         self.groups.get_mut(key).is_some_and(|g| g.prune(now))
     }
 
+    /// How long the holder of `key` has left (the longest-lived, for shared
+    /// holders and permits).
+    fn left(&self, key: &str, now: Instant) -> Option<Duration> {
+        let exclusive = self.locks.get(key).map(|held| held.expires);
+        let members = self
+            .groups
+            .get(key)
+            .and_then(|g| g.holders.iter().map(|(_, e)| *e).max());
+        Some(exclusive.max(members)?.saturating_duration_since(now))
+    }
+
     /// An exclusive attempt found `key` taken: with shared holders there,
     /// it marks that a writer waits, for `writer_for`.
     fn mark_writer(&mut self, key: &str, writer: Option<(&str, Duration)>, now: Instant) {
@@ -146,7 +157,9 @@ impl MemoryStore {
         let mut state = self.inner.lock();
         if state.taken(keys.lock, now) {
             state.mark_writer(keys.lock, keys.writer, now);
-            return Attempt::Busy;
+            return Attempt::Busy {
+                left: state.left(keys.lock, now),
+            };
         }
         state.locks.insert(
             keys.lock.to_owned(),
@@ -206,7 +219,9 @@ impl MemoryStore {
             .get(keys.lock)
             .is_some_and(|held| held.expires > now)
         {
-            return Joined::Busy;
+            return Joined::Busy {
+                left: state.left(keys.lock, now),
+            };
         }
         let waiting_writer = state
             .writers
@@ -227,7 +242,12 @@ impl MemoryStore {
         }
         let full = keys.limit > 0 && group.holders.len() >= keys.limit as usize;
         if full || (keys.limit == 0 && waiting_writer) {
-            return Joined::Busy;
+            let first = group.holders.iter().map(|(_, e)| *e).min();
+            return Joined::Busy {
+                left: first
+                    .filter(|_| full)
+                    .map(|e| e.saturating_duration_since(now)),
+            };
         }
         group.holders.push((token.clone(), now + ttl));
         Joined::Granted

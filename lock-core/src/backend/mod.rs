@@ -64,8 +64,10 @@ pub(crate) enum Renewal {
 pub(crate) enum Attempt {
     /// The lock is ours; `fence` is set when a fencing token was asked for.
     Granted { fence: Option<u64> },
-    /// Someone else holds it.
-    Busy,
+    /// Someone else holds it; `left`: how long its lease has left, when
+    /// the attempt learnt it (every attempt but a first one without
+    /// fencing).
+    Busy { left: Option<Duration> },
 }
 
 /// The keys one lock touches; they share a hash slot.
@@ -105,8 +107,10 @@ pub(crate) enum Several {
 pub(crate) enum Joined {
     Granted,
     /// Held exclusively, an exclusive holder waits (for shared), or every
-    /// permit is taken.
-    Busy,
+    /// permit is taken; `left`: how long until that may change, when known.
+    Busy {
+        left: Option<Duration>,
+    },
     /// The key is held as something else: the marker found (`shared`, or
     /// `permits:N` with another N).
     Mismatch(String),

@@ -132,25 +132,18 @@ impl Quorum {
         // of the majority that granted: any later majority meets it on a
         // server whose counter was lifted to it (see the module docs).
         let wait_for = self.majority();
-        let (lock, fence_key): (Arc<str>, Option<Arc<str>>) =
-            (keys.lock.into(), keys.fence.map(Into::into));
+        let owned = Arc::new(OwnedKeys::new(keys));
         let calls = self.each_node(|nodes, i| {
-            let (lock, fence_key, token) = (lock.clone(), fence_key.clone(), token.clone());
-            async move {
-                let keys = LockKeys {
-                    lock: &lock,
-                    fence: fence_key.as_deref(),
-                    writer: None,
-                };
-                nodes[i].acquire(&keys, &token, ttl, per_node).await
-            }
+            let (owned, token) = (owned.clone(), token.clone());
+            async move { nodes[i].acquire(&owned.keys(), &token, ttl, per_node).await }
         });
         let answers = until_majority(calls, wait_for, &self.background, |answer| match answer {
             Ok(Attempt::Granted { .. }) => Some(true),
-            Ok(Attempt::Busy) => Some(false),
+            Ok(Attempt::Busy { .. }) => Some(false),
             Err(_) => None,
         })
         .await;
+        let left = majority_free_in(&answers, self.majority());
         let mut tally = Tally::new(self.majority());
         let mut fence = 0u64;
         let mut granted_on = Vec::with_capacity(self.nodes.len());
@@ -164,7 +157,7 @@ impl Quorum {
                     fence = fence.max(f.unwrap_or(0));
                     granted_on.push(node);
                 }
-                Ok(Attempt::Busy) => tally.busy += 1,
+                Ok(Attempt::Busy { .. }) => tally.busy += 1,
                 Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
             }
         }
@@ -199,7 +192,7 @@ impl Quorum {
                 "a majority granted the lock, but too late for any validity to remain",
             ));
         }
-        Ok(Attempt::Busy)
+        Ok(Attempt::Busy { left })
     }
 
     /// Several keys on every server, each with the all-or-none script;
@@ -660,6 +653,26 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.background.fetch_sub(self.left, Ordering::Relaxed);
     }
+}
+
+/// When a majority of the servers will be free of the key, by what the
+/// answers say: a server that granted is free (the attempt is undone), a
+/// busy one frees when its holder's lease runs out; that is the
+/// majority-th smallest of those times. `None` when too few told.
+fn majority_free_in(
+    answers: &[Option<Result<Attempt, LockError>>],
+    majority: usize,
+) -> Option<Duration> {
+    let mut free_in: Vec<Duration> = answers
+        .iter()
+        .filter_map(|answer| match answer {
+            Some(Ok(Attempt::Granted { .. })) => Some(Duration::ZERO),
+            Some(Ok(Attempt::Busy { left })) => *left,
+            _ => None,
+        })
+        .collect();
+    free_in.sort_unstable();
+    free_in.get(majority.checked_sub(1)?).copied()
 }
 
 /// [`LockKeys`] owned, for calls that may outlive the caller.
