@@ -9,11 +9,15 @@ use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitBool, LitStr, Signature, Token, Visibility};
+use syn::{
+    Attribute, Expr, ExprLit, Ident, Lit, LitBool, LitInt, LitStr, Signature, Token, UnOp,
+    Visibility,
+};
 
 /// Every argument, in the order the docs list them, with how it is written.
-const ARGUMENTS: [(&str, &str); 10] = [
+const ARGUMENTS: [(&str, &str); 13] = [
     ("key", "key = \"order:{order_id}\""),
+    ("keys", "keys = [\"account:{from}\", \"account:{to}\"]"),
     ("ttl", "ttl = \"30s\""),
     ("wait", "wait = \"5s\""),
     ("renew", "renew = true"),
@@ -21,12 +25,14 @@ const ARGUMENTS: [(&str, &str); 10] = [
     ("fencing", "fencing = true"),
     ("min_hold", "min_hold = \"5s\""),
     ("max_hold", "max_hold = \"10m\""),
+    ("mode", "mode = \"shared\""),
+    ("permits", "permits = 3"),
     ("client", "client = self.locks"),
     ("crate", "crate = \"::lock_core\""),
 ];
 
 /// Words people reach for, and the argument that does it.
-const ALIASES: [(&str, &str); 8] = [
+const ALIASES: [(&str, &str); 11] = [
     ("name", "key"),
     ("lease", "ttl"),
     ("expiry", "ttl"),
@@ -35,6 +41,9 @@ const ALIASES: [(&str, &str); 8] = [
     ("wait_timeout", "wait"),
     ("fence", "fencing"),
     ("lock_client", "client"),
+    ("shared", "mode"),
+    ("semaphore", "permits"),
+    ("max_holders", "permits"),
 ];
 
 /// The attribute's arguments as written; `None` when not given (or given
@@ -42,10 +51,14 @@ const ALIASES: [(&str, &str); 8] = [
 #[derive(Default)]
 pub(crate) struct Args {
     pub(crate) errors: Option<syn::Error>,
-    /// Whether a key was written at all, even wrongly (then `errors` has
-    /// said so, and "missing `key`" would only repeat it).
+    /// Whether a `key` or `keys` was written at all, even wrongly (then
+    /// `errors` has said so, and "missing `key`" would only repeat it).
     pub(crate) key_written: bool,
+    /// Every argument name written, in order, whether or not its value
+    /// parsed: for the errors about two arguments that exclude each other.
+    pub(crate) names: Vec<Ident>,
     pub(crate) key: Option<LitStr>,
+    pub(crate) keys: Option<Keys>,
     pub(crate) ttl: Option<LitStr>,
     pub(crate) wait: Option<LitStr>,
     pub(crate) renew: Option<LitBool>,
@@ -53,8 +66,17 @@ pub(crate) struct Args {
     pub(crate) fencing: Option<LitBool>,
     pub(crate) min_hold: Option<LitStr>,
     pub(crate) max_hold: Option<LitStr>,
+    pub(crate) mode: Option<LitStr>,
+    pub(crate) permits: Option<LitInt>,
     pub(crate) client: Option<Expr>,
     pub(crate) krate: Option<LitStr>,
+}
+
+/// `keys = [..]` as written.
+pub(crate) struct Keys {
+    /// The brackets: an empty list is reported there.
+    pub(crate) brackets: Span,
+    pub(crate) templates: Vec<LitStr>,
 }
 
 impl Parse for Args {
@@ -62,19 +84,21 @@ impl Parse for Args {
         let mut args = Args::default();
         let mut errors = Errors::default();
         while !input.is_empty() {
-            if input.peek(LitStr) {
-                let lit: LitStr = input.parse()?;
+            if input.peek(LitStr) || input.peek(syn::token::Bracket) {
+                let value: Expr = input.parse()?;
+                let written = match &value {
+                    Expr::Array(array) => format!("keys = {}", list(array)),
+                    _ => format!("key = {}", value.to_token_stream()),
+                };
                 args.key_written = true;
-                errors.push(syn::Error::new(
-                    lit.span(),
-                    format!(
-                        "name this argument: write `key = {}`",
-                        lit.to_token_stream()
-                    ),
+                errors.push(syn::Error::new_spanned(
+                    &value,
+                    format!("name this argument: write `{written}`"),
                 ));
             } else {
                 let name = input.call(Ident::parse_any)?;
-                args.key_written |= name == "key";
+                args.key_written |= name == "key" || name == "keys";
+                args.names.push(name.unraw());
                 if input.peek(Token![=]) {
                     input.parse::<Token![=]>()?;
                     let value: Expr = input.parse()?;
@@ -106,6 +130,7 @@ impl Args {
     fn set(&mut self, name: &Ident, value: Expr) -> syn::Result<()> {
         match name.unraw().to_string().as_str() {
             "key" => once(&mut self.key, name, || key(value)),
+            "keys" => once(&mut self.keys, name, || keys(value)),
             "ttl" => once(&mut self.ttl, name, || duration("ttl", value)),
             "wait" => once(&mut self.wait, name, || duration("wait", value)),
             "renew" => once(&mut self.renew, name, || boolean("renew", value)),
@@ -113,6 +138,8 @@ impl Args {
             "fencing" => once(&mut self.fencing, name, || boolean("fencing", value)),
             "min_hold" => once(&mut self.min_hold, name, || duration("min_hold", value)),
             "max_hold" => once(&mut self.max_hold, name, || duration("max_hold", value)),
+            "mode" => once(&mut self.mode, name, || mode(value)),
+            "permits" => once(&mut self.permits, name, || permits(value)),
             "client" => once(&mut self.client, name, || client(value)),
             "crate" => once(&mut self.krate, name, || krate(value)),
             _ => Err(unknown_argument(name)),
@@ -182,6 +209,102 @@ fn key(value: Expr) -> syn::Result<LitStr> {
         )),
     }
 }
+
+/// `keys = ["..", ".."]`: a list of string literals. Whether it is empty or
+/// repeats a template is `valid.rs`'s business.
+fn keys(value: Expr) -> syn::Result<Keys> {
+    let array = match value {
+        Expr::Array(array) if array.attrs.is_empty() => array,
+        value => {
+            let message = match literal(&value) {
+                Some(Lit::Str(lit)) => format!(
+                    "`keys` takes a list: write `keys = [{}]`, or `key = {}` for a single lock",
+                    lit.to_token_stream(),
+                    lit.to_token_stream()
+                ),
+                _ => "`keys` is a list of string literals, checked at compile time, like `keys = [\"account:{from}\", \"account:{to}\"]`".to_owned(),
+            };
+            return Err(syn::Error::new_spanned(value, message));
+        }
+    };
+    let mut errors = Errors::default();
+    let mut templates = Vec::with_capacity(array.elems.len());
+    for elem in &array.elems {
+        match literal(elem) {
+            Some(Lit::Str(lit)) => templates.push(lit.clone()),
+            _ => errors.push(syn::Error::new_spanned(
+                elem,
+                "each of `keys` is a string literal, checked at compile time: put parameters in placeholders, like `\"account:{from}\"`",
+            )),
+        }
+    }
+    errors.finish()?;
+    Ok(Keys {
+        brackets: array.bracket_token.span.join(),
+        templates,
+    })
+}
+
+/// `["a", "b"]` as a person writes it, for messages.
+fn list(array: &syn::ExprArray) -> String {
+    let elems: Vec<String> = array
+        .elems
+        .iter()
+        .map(|elem| elem.to_token_stream().to_string())
+        .collect();
+    format!("[{}]", elems.join(", "))
+}
+
+/// `mode = ".."`: a string; which ones are choices is `valid.rs`'s business.
+fn mode(value: Expr) -> syn::Result<LitStr> {
+    let word = match &value {
+        Expr::Lit(_) => match literal(&value) {
+            Some(Lit::Str(lit)) => return Ok(lit.clone()),
+            _ => None,
+        },
+        Expr::Path(path) => path.path.get_ident().map(|ident| ident.to_string()),
+        _ => None,
+    };
+    let message = match word.as_deref() {
+        Some(word @ ("exclusive" | "shared")) => {
+            format!("`mode` takes a string: write `mode = \"{word}\"`")
+        }
+        _ => "`mode` is \"exclusive\" (one holder at a time, the default) or \"shared\" (any number of shared holders at once)".to_owned(),
+    };
+    Err(syn::Error::new_spanned(value, message))
+}
+
+/// `permits = N`: an integer literal; its range is `valid.rs`'s business,
+/// except the sign, which only the expression shows.
+fn permits(value: Expr) -> syn::Result<LitInt> {
+    let message = match &value {
+        Expr::Lit(_) => match literal(&value) {
+            Some(Lit::Int(int)) => return Ok(int.clone()),
+            Some(Lit::Str(lit)) if lit.value().parse::<u64>().is_ok() => format!(
+                "`permits` takes a number, not a string: write `permits = {}` without quotes",
+                lit.value()
+            ),
+            Some(Lit::Float(float)) => {
+                format!("`permits = {float}` is not a whole number: {PERMITS}")
+            }
+            _ => PERMITS.to_owned(),
+        },
+        Expr::Unary(unary)
+            if matches!(unary.op, UnOp::Neg(_))
+                && matches!(literal(&unary.expr), Some(Lit::Int(_) | Lit::Float(_))) =>
+        {
+            format!(
+                "`permits = {}` is negative: {PERMITS}",
+                value.to_token_stream().to_string().replace(' ', "")
+            )
+        }
+        _ => PERMITS.to_owned(),
+    };
+    Err(syn::Error::new_spanned(value, message))
+}
+
+/// What `permits` is, for its errors.
+pub(crate) const PERMITS: &str = "`permits` is how many holders may hold the lock at once, an integer literal of at least 1, like `permits = 3`";
 
 fn duration(name: &str, value: Expr) -> syn::Result<LitStr> {
     let message = match literal(&value) {

@@ -2,7 +2,7 @@
 //! everything it reads.
 
 use crate::attr::LockedFn;
-use crate::valid::{Key, KeyPart, Lock, OnLost};
+use crate::valid::{Key, KeyPart, KeySet, Lock, Mode, OnLost};
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::LitStr;
@@ -75,6 +75,22 @@ use syn::spanned::Spanned;
 /// };
 /// ```
 ///
+/// With `keys = ["account:{from}", "account:{to}"]` the key line becomes
+///
+/// ```ignore
+/// let __lock_attr_keys = ::std::vec![
+///     ::std::format!("account:{}", from),
+///     ::std::format!("account:{}", to),
+/// ];
+/// ```
+///
+/// and `run_all(__lock_attr_client, __lock_attr_keys, ..)` takes the place
+/// of `run(__lock_attr_client, __lock_attr_key, ..)`: every template is
+/// rendered, in the order written, and lock-core sorts them and collapses
+/// duplicates. `mode = "shared"` and `permits = 3` are fields of the `Attr`
+/// like the others: `mode: ::lock_core::__private::Mode::Shared`,
+/// `permits: ::core::option::Option::Some(3u32)`.
+///
 /// When the return type holds an `impl Trait`, which cannot be written
 /// inside the body, the conversions and the `__lock_attr_ret` line are left
 /// out: the body's type is inferred from `run`'s, whose bounds still
@@ -91,7 +107,17 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
     let mut block = Group::new(Delimiter::Brace, body.stmts.clone());
     block.set_span(body.brace);
 
-    let key = render_key(&lock.key);
+    let (keys, key, run) = match &lock.keys {
+        KeySet::One(key) => (quote! { __lock_attr_key }, render_key(key), quote! { run }),
+        KeySet::All(keys) => {
+            let keys = keys.iter().map(render_key);
+            (
+                quote! { __lock_attr_keys },
+                quote! { ::std::vec![#(#keys),*] },
+                quote! { run_all },
+            )
+        }
+    };
     let client = client(lock);
     let attr = attr(lock);
     let call = if lock.ret_nameable {
@@ -107,16 +133,17 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
                 #krate::__private::LockResult::into_result(__lock_attr_ret)
             }
         };
-        let args = quote! { __lock_attr_client, __lock_attr_key, #attr, #body };
+        let args = quote! { __lock_attr_client, #keys, #attr, #body };
+        let run = respan(run, span);
         quote_spanned! {span=>
-            #krate::__private::LockResult::from_result(#krate::__private::run(#args).await)
+            #krate::__private::LockResult::from_result(#krate::__private::#run(#args).await)
         }
     } else {
         let krate = &lock.krate;
         quote! {
-            #krate::__private::run(
+            #krate::__private::#run(
                 __lock_attr_client,
-                __lock_attr_key,
+                #keys,
                 #attr,
                 async move #block,
             )
@@ -127,7 +154,7 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
         #(#attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            let __lock_attr_key = #key;
+            let #keys = #key;
             #client
             #call
         }
@@ -216,6 +243,16 @@ fn attr(lock: &Lock<'_>) -> TokenStream {
     if let Some(max_hold) = lock.max_hold {
         let value = millis(max_hold);
         fields.push(quote! { max_hold: #value });
+    }
+    if let Some(mode) = lock.mode {
+        let variant = match mode {
+            Mode::Exclusive => quote! { Exclusive },
+            Mode::Shared => quote! { Shared },
+        };
+        fields.push(quote! { mode: #krate::__private::Mode::#variant });
+    }
+    if let Some(permits) = lock.permits {
+        fields.push(quote! { permits: ::core::option::Option::Some(#permits) });
     }
     if fields.is_empty() {
         return quote! { #krate::__private::Attr::DEFAULT };
@@ -359,6 +396,49 @@ mod tests {
             expanded.contains(":: locks :: __private :: run"),
             "{expanded}"
         );
+    }
+
+    #[test]
+    fn keys_render_every_template_in_order_and_call_run_all() {
+        let expanded = expand_str(
+            quote!(keys = ["account:{to}", "account:{from}"], fencing = true),
+            quote! { async fn transfer(from: u64, to: u64) -> Result<(), E> { Ok(()) } },
+        );
+        assert!(
+            expanded.contains(
+                "let __lock_attr_keys = :: std :: vec ! [:: std :: format ! (\"account:{}\" , to) , :: std :: format ! (\"account:{}\" , from)]"
+            ),
+            "{expanded}"
+        );
+        assert!(
+            expanded.contains(
+                ":: lock_core :: __private :: run_all (__lock_attr_client , __lock_attr_keys ,"
+            ),
+            "{expanded}"
+        );
+        assert!(!expanded.contains("__lock_attr_key "), "{expanded}");
+    }
+
+    #[test]
+    fn mode_and_permits_are_fields_of_the_attr() {
+        let shared = expand_str(
+            quote!(key = "catalog", mode = "shared"),
+            quote! { async fn read() -> Result<(), E> { Ok(()) } },
+        );
+        assert!(
+            shared.contains("mode : :: lock_core :: __private :: Mode :: Shared"),
+            "{shared}"
+        );
+        assert!(!shared.contains("permits"), "{shared}");
+        let permits = expand_str(
+            quote!(key = "pool", permits = 3),
+            quote! { async fn export() -> Result<(), E> { Ok(()) } },
+        );
+        assert!(
+            permits.contains("permits : :: core :: option :: Option :: Some (3u32)"),
+            "{permits}"
+        );
+        assert!(!permits.contains("mode"), "{permits}");
     }
 
     #[test]

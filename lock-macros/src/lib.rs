@@ -54,19 +54,20 @@ use proc_macro::TokenStream;
 /// The lock is taken before the body starts (waiting as long as `wait`
 /// says), renewed while the body runs, and released however the body ends.
 /// Inside the body, [`lock_core::current_lock()`] describes the lock: its
-/// rendered key and, with `fencing = true`, its fencing token.
+/// rendered key (or keys) and, with `fencing = true`, its fencing token.
 ///
 /// The function must be an `async fn` returning `Result<T, E>` where
 /// `E: From<lock_core::LockError>`: when the lock cannot be taken (held
 /// elsewhere for the whole wait, Redis unreachable) or is lost while the
 /// body runs, the function returns that error, converted into `E`.
 ///
-/// Arguments are `name = value`, in any order, each at most once. Only
-/// `key` is required.
+/// Arguments are `name = value`, in any order, each at most once. Exactly
+/// one of `key` and `keys` is required.
 ///
 /// | argument | value | default |
 /// | --- | --- | --- |
-/// | [`key`](#key) | string template | required |
+/// | [`key`](#key) | string template | required, or `keys` |
+/// | [`keys`](#keys) | list of string templates | required, or `key` |
 /// | [`ttl`](#ttl) | duration string | the client's default ttl |
 /// | [`wait`](#wait) | duration string | the client's default wait |
 /// | [`renew`](#renew) | `true` / `false` | `true` |
@@ -74,6 +75,8 @@ use proc_macro::TokenStream;
 /// | [`fencing`](#fencing) | `true` / `false` | `false` |
 /// | [`min_hold`](#min_hold) | duration string | none |
 /// | [`max_hold`](#max_hold) | duration string, at least the ttl | none |
+/// | [`mode`](#mode) | `"exclusive"` / `"shared"` | `"exclusive"` |
+/// | [`permits`](#permits) | integer, at least 1 | none |
 /// | [`client`](#client) | expression | the global client |
 /// | [`crate`](#crate) | string path | `"::lock_core"` |
 ///
@@ -102,6 +105,30 @@ use proc_macro::TokenStream;
 ///
 /// The key is rendered once, before the body starts, from borrowed
 /// parameters, so the body may still move them.
+///
+/// # `keys`
+///
+/// Several locks taken at once, all or nothing, for work that touches
+/// several resources: each element is a key template checked like `key`'s.
+/// The keys are taken in one canonical order (sorted, a key rendered twice
+/// taken once), so two calls naming the same keys in opposite orders never
+/// deadlock; the lock is renewed as a whole and counts as lost when any of
+/// its keys is lost.
+///
+/// ```ignore
+/// #[distributed_lock(keys = ["account:{from}", "account:{to}"])]
+/// async fn transfer(from: AccountId, to: AccountId, amount: Cents) -> Result<(), BankError> {
+///     // Runs while this process holds both `account:<from>` and `account:<to>`.
+///     ledger().move_funds(from, to, amount).await
+/// }
+/// ```
+///
+/// Inside the body, `current_lock()`'s `keys()` gives every key held in
+/// that order (one when `from == to`), `key()` the first of them, and with
+/// `fencing = true` `fencing_token_of(key)` each key's own token. `key` and
+/// `keys` exclude each other; the list may not be empty or name a template
+/// twice. A lock on several keys is exclusive only: `keys` goes with
+/// neither `mode = "shared"` nor `permits`.
 ///
 /// # `ttl`
 ///
@@ -193,6 +220,39 @@ use proc_macro::TokenStream;
 /// async fn import(batch: BatchId) -> Result<(), ImportError> { ... }
 /// ```
 ///
+/// # `mode`
+///
+/// `"exclusive"` (default): one holder at a time. `"shared"`: any number of
+/// shared holders at once, and none while an exclusive holder (a function
+/// on the same key without `mode`, or the guard API) holds it; once an
+/// exclusive caller waits for the key, new shared callers wait behind it,
+/// so a stream of readers cannot starve a writer. Each shared holder has
+/// its own lease: a crashed one's hold runs out by itself. Not on a Redlock
+/// client.
+///
+/// ```ignore
+/// #[distributed_lock(key = "catalog:{region}", mode = "shared")]
+/// async fn read_catalog(region: &str) -> Result<Catalog, CatalogError> { .. }
+///
+/// #[distributed_lock(key = "catalog:{region}")]
+/// async fn rebuild_catalog(region: &str) -> Result<(), CatalogError> { .. }
+/// ```
+///
+/// # `permits`
+///
+/// At most this many holders of the key at once, across every process (a
+/// semaphore whose permits expire with their holders' leases): an integer
+/// literal from 1 to `u32::MAX`. Every holder of a key must ask for the
+/// same number; one asking with another gets a `Config` error. It is a kind
+/// of lock of its own, so it goes with neither `mode` nor `keys`. Not on a
+/// Redlock client.
+///
+/// ```ignore
+/// // At most three exports run at once, fleet-wide.
+/// #[distributed_lock(key = "exports", permits = 3)]
+/// async fn export(batch: BatchId) -> Result<(), ExportError> { .. }
+/// ```
+///
 /// # `client`
 ///
 /// The client to lock with: an expression giving a `LockClient`, a
@@ -273,12 +333,19 @@ use proc_macro::TokenStream;
 /// Each is reported on the token to fix, several at once, and the function
 /// is still emitted so the rest of the crate keeps type-checking:
 ///
-/// - **`key`**: missing; empty; not a string literal; an unknown
-///   placeholder (the message names the parameters that exist and suggests
+/// - **`key`**: missing (and no `keys`); empty; not a string literal; an
+///   unknown placeholder (the message names the parameters that exist and suggests
 ///   the closest one); `{self...}` without a receiver; a placeholder bound
 ///   inside a destructuring pattern; an unbalanced `{` or `}`; an empty
 ///   `{}`, a positional `{0}` or a format spec `{x:?}`; a value whose type
 ///   is not `Display` (on the key literal).
+/// - **`keys`**: together with `key`; not a list; an element that is not a
+///   string literal; an empty list; a template listed twice; each template
+///   checked as `key` is, with the error on that template; with
+///   `mode = "shared"` or `permits`.
+/// - **`mode` and `permits`**: a `mode` other than `"exclusive"` or
+///   `"shared"`; `permits` that is not an integer literal, is 0, negative,
+///   or over `u32::MAX`; `permits` with `mode`.
 /// - **Arguments**: unknown (the valid ones are listed, with a "did you
 ///   mean"); set twice; without a value; a value of the wrong kind
 ///   (`renew = "true"`, `ttl = 30`, `on_lost = continue`,

@@ -4,7 +4,7 @@
 //! What comes out, a [`Lock`], is everything `expand.rs` needs, already
 //! resolved, so generating the code cannot fail.
 
-use crate::attr::{Args, LockedFn};
+use crate::attr::{self, Args, LockedFn, PERMITS};
 use crate::duration::{self, DurationError};
 use crate::errors::{Errors, closest};
 use crate::limits::{MAX_DURATION, MIN_TTL};
@@ -13,13 +13,13 @@ use proc_macro2::Span;
 use quote::ToTokens;
 use std::time::Duration;
 use syn::visit::Visit;
-use syn::{Expr, FnArg, Ident, LitStr, Member, Pat, Path, ReturnType, Signature, Type};
+use syn::{Expr, FnArg, Ident, LitInt, LitStr, Member, Pat, Path, ReturnType, Signature, Type};
 
 /// A checked attribute on a checked function: what to generate.
 pub(crate) struct Lock<'a> {
     /// The path to lock-core: `::lock_core` unless `crate = ".."` says otherwise.
     pub(crate) krate: Path,
-    pub(crate) key: Key,
+    pub(crate) keys: KeySet,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) renew: Option<bool>,
@@ -27,6 +27,8 @@ pub(crate) struct Lock<'a> {
     pub(crate) fencing: Option<bool>,
     pub(crate) min_hold: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) mode: Option<Mode>,
+    pub(crate) permits: Option<u32>,
     pub(crate) client: Option<&'a Expr>,
     /// The declared return type.
     pub(crate) ret: &'a Type,
@@ -40,6 +42,20 @@ pub(crate) struct Lock<'a> {
 pub(crate) enum OnLost {
     Abort,
     Continue,
+}
+
+/// `mode = ".."`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Exclusive,
+    Shared,
+}
+
+/// What to lock: `key = ".."`, or `keys = [..]` taken all at once.
+pub(crate) enum KeySet {
+    One(Key),
+    /// In the order written, every template distinct.
+    All(Vec<Key>),
 }
 
 /// A key template whose placeholders all resolve.
@@ -130,17 +146,7 @@ fn check_args<'a>(
     errors: &mut Errors,
 ) -> Option<Lock<'a>> {
     let before = errors.len();
-    let key = match &args.key {
-        Some(lit) => check_key(lit, sig, errors),
-        None if args.key_written => None,
-        None => {
-            errors.push(syn::Error::new(
-                Span::call_site(),
-                "`#[distributed_lock]` needs a `key`: name the lock, with placeholders for parameters, like `#[distributed_lock(key = \"order:{order_id}\")]`",
-            ));
-            None
-        }
-    };
+    let keys = check_key_set(args, sig, errors);
     let ttl = args.ttl.as_ref().and_then(|lit| check_ttl(lit, errors));
     let wait = args.wait.as_ref().and_then(|lit| check_wait(lit, errors));
     let min_hold = args
@@ -158,6 +164,12 @@ fn check_args<'a>(
         .on_lost
         .as_ref()
         .and_then(|lit| check_on_lost(lit, errors));
+    let mode = args.mode.as_ref().and_then(|lit| check_mode(lit, errors));
+    let permits = args
+        .permits
+        .as_ref()
+        .and_then(|lit| check_permits(lit, errors));
+    check_kind(args, mode, errors);
     let krate = check_crate(args.krate.as_ref(), errors);
     if errors.len() > before {
         return None;
@@ -165,7 +177,7 @@ fn check_args<'a>(
     let ret = ret?;
     Some(Lock {
         krate: krate?,
-        key: key?,
+        keys: keys?,
         ttl,
         wait,
         renew: args.renew.as_ref().map(|b| b.value),
@@ -173,10 +185,154 @@ fn check_args<'a>(
         fencing: args.fencing.as_ref().map(|b| b.value),
         min_hold,
         max_hold,
+        mode,
+        permits,
         client: args.client.as_ref(),
         ret,
         ret_nameable: !has_impl_trait(ret),
     })
+}
+
+/// `key = ".."` or `keys = [..]`: exactly one of them, each template
+/// checked against the signature.
+fn check_key_set(args: &Args, sig: &Signature, errors: &mut Errors) -> Option<KeySet> {
+    let key = args.key.as_ref().map(|lit| check_key(lit, sig, errors));
+    let keys = args.keys.as_ref().map(|keys| check_keys(keys, sig, errors));
+    match (key, keys) {
+        (Some(key), None) => key.map(KeySet::One),
+        (None, Some(keys)) => keys.map(KeySet::All),
+        (Some(_), Some(_)) => {
+            // On the one written second: the first may be what was meant.
+            let second = args
+                .names
+                .iter()
+                .filter(|name| *name == "key" || *name == "keys")
+                .nth(1);
+            let span = second.map_or_else(Span::call_site, Ident::span);
+            let message = match second.map(Ident::to_string).as_deref() {
+                Some("key") => {
+                    "`key` and `keys` exclude each other: `key` names one lock, `keys = [..]` several taken at once; keep one of them, or move this template into the `keys` list"
+                }
+                _ => {
+                    "`keys` and `key` exclude each other: `key` names one lock, `keys = [..]` several taken at once; keep one of them, or move the `key` template into this list"
+                }
+            };
+            errors.push(syn::Error::new(span, message));
+            None
+        }
+        (None, None) => {
+            if !args.key_written {
+                errors.push(syn::Error::new(
+                    Span::call_site(),
+                    "`#[distributed_lock]` needs a `key` or `keys`: name the lock, with placeholders for parameters, like `#[distributed_lock(key = \"order:{order_id}\")]`, or several locks to take at once, like `keys = [\"account:{from}\", \"account:{to}\"]`",
+                ));
+            }
+            None
+        }
+    }
+}
+
+/// `keys = [..]`: not empty, no template twice, each checked like `key`.
+fn check_keys(keys: &attr::Keys, sig: &Signature, errors: &mut Errors) -> Option<Vec<Key>> {
+    if keys.templates.is_empty() {
+        errors.push(syn::Error::new(
+            keys.brackets,
+            "`keys = []` names no lock: list the key templates to take at once, like `keys = [\"account:{from}\", \"account:{to}\"]`",
+        ));
+        return None;
+    }
+    let before = errors.len();
+    let mut checked = Vec::with_capacity(keys.templates.len());
+    for (i, lit) in keys.templates.iter().enumerate() {
+        let value = lit.value();
+        if keys.templates[..i].iter().any(|seen| seen.value() == value) {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "the template `{}` is in `keys` twice: remove this one",
+                    lit.to_token_stream()
+                ),
+            ));
+            continue;
+        }
+        checked.extend(check_key(lit, sig, errors));
+    }
+    (errors.len() == before).then_some(checked)
+}
+
+/// `mode = ".."`: one of the two choices.
+fn check_mode(lit: &LitStr, errors: &mut Errors) -> Option<Mode> {
+    match lit.value().as_str() {
+        "exclusive" => Some(Mode::Exclusive),
+        "shared" => Some(Mode::Shared),
+        other => {
+            // Words for the same two kinds, from reader-writer locks.
+            let meant = match other.to_ascii_lowercase().as_str() {
+                "read" | "reader" | "readers" | "shared_read" => Some("shared"),
+                "write" | "writer" | "exclusive_write" | "unique" => Some("exclusive"),
+                lower => closest(lower, ["exclusive", "shared"]),
+            };
+            let hint = meant
+                .map(|word| format!("did you mean \"{word}\"? "))
+                .unwrap_or_default();
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`mode = {}` is not a choice: {hint}write \"exclusive\" (one holder at a time, the default) or \"shared\" (any number of shared holders at once, and no exclusive one meanwhile)",
+                    lit.to_token_stream()
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// `permits = N`: at least 1, and a `u32`.
+fn check_permits(lit: &LitInt, errors: &mut Errors) -> Option<u32> {
+    let problem = match lit.base10_parse::<u32>() {
+        Ok(0) => format!(
+            "`permits = {lit}` would let no one take the lock: {PERMITS}; leave it out for one holder at a time"
+        ),
+        Ok(permits) => return Some(permits),
+        Err(_) => format!(
+            "`permits = {lit}` is more than {} (`u32::MAX`): {PERMITS}",
+            u32::MAX
+        ),
+    };
+    errors.push(syn::Error::new(lit.span(), problem));
+    None
+}
+
+/// The arguments that choose what kind of lock to take, against each
+/// other: `permits` is its own kind, so it goes with no `mode`, and a lock
+/// on several keys is exclusive only. At most one error on each argument.
+fn check_kind(args: &Args, mode: Option<Mode>, errors: &mut Errors) {
+    let named = |text: &str| args.names.iter().find(|name| *name == text);
+    let keys = named("keys").is_some();
+    if let (Some(Mode::Shared), Some(name), true) = (mode, named("mode"), keys) {
+        errors.push(syn::Error::new(
+            name.span(),
+            "`mode = \"shared\"` cannot go with `keys`: a lock on several keys is exclusive only; remove `mode`, or take each key in its own call",
+        ));
+    }
+    let Some(permits) = named("permits") else {
+        return;
+    };
+    let count = args
+        .permits
+        .as_ref()
+        .map_or_else(|| "N".to_owned(), ToString::to_string);
+    let message = match mode {
+        Some(Mode::Shared) => format!(
+            "`permits` and `mode = \"shared\"` exclude each other: a shared lock admits any number of holders, `permits = {count}` at most {count}; keep one of them"
+        ),
+        Some(Mode::Exclusive) => format!(
+            "`permits` and `mode = \"exclusive\"` exclude each other: an exclusive lock admits one holder, `permits = {count}` at most {count}; keep one of them"
+        ),
+        None if keys => "`permits` cannot go with `keys`: a lock on several keys is exclusive only; remove `permits`, or take each key in its own call".to_owned(),
+        None => return,
+    };
+    errors.push(syn::Error::new(permits.span(), message));
 }
 
 /// `ttl = ".."`: a duration, not zero, within lock-core's range.
@@ -652,5 +808,18 @@ mod tests {
         );
         let ty: Type = syn::parse_quote!(&GeoPoint);
         assert_eq!(name_for(&ty), "geo_point");
+    }
+
+    #[test]
+    fn permits_range_from_one_to_u32_max() {
+        let check = |lit: LitInt| {
+            let mut errors = Errors::default();
+            check_permits(&lit, &mut errors)
+        };
+        assert_eq!(check(syn::parse_quote!(1)), Some(1));
+        assert_eq!(check(syn::parse_quote!(4294967295)), Some(u32::MAX));
+        assert_eq!(check(syn::parse_quote!(3u32)), Some(3));
+        assert_eq!(check(syn::parse_quote!(0)), None);
+        assert_eq!(check(syn::parse_quote!(4294967296)), None);
     }
 }

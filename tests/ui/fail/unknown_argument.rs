@@ -15,4 +15,9 @@ async fn unrelated() -> Result<(), LockError> {
     Ok(())
 }
 
+#[distributed_lock(key = "job", shared = true)]
+async fn kind_as_its_own_argument() -> Result<(), LockError> {
+    Ok(())
+}
+
 fn main() {}
