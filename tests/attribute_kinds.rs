@@ -86,7 +86,6 @@ async fn transfer(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn keys_are_held_together_and_seen_sorted() {
     let [client, observer] = replicas();
 
@@ -97,7 +96,6 @@ async fn keys_are_held_together_and_seen_sorted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn keys_rendered_twice_are_held_once() {
     let [client, observer] = replicas();
 
@@ -126,7 +124,6 @@ async fn touch_pair(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn keys_named_in_opposite_orders_never_deadlock() {
     let [a, b] = replicas();
     let inside = Arc::new(AtomicUsize::new(0));
@@ -160,7 +157,6 @@ async fn fenced_pair(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn keys_with_fencing_give_each_key_its_own_growing_token() {
     let [client] = replicas();
 
@@ -196,7 +192,6 @@ async fn read_catalog_now(client: &LockClient) -> Result<(), LockError> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn shared_calls_run_at_once_and_keep_exclusive_ones_out() {
     let [a, b, observer] = replicas();
     let (entered_tx, mut entered) = mpsc::unbounded_channel();
@@ -221,7 +216,6 @@ async fn shared_calls_run_at_once_and_keep_exclusive_ones_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn a_shared_call_is_refused_while_an_exclusive_holder_holds_the_key() {
     let [client, writer] = replicas();
 
@@ -289,7 +283,6 @@ async fn export(client: &LockClient, occupancy: &Occupancy) -> Result<(), LockEr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn permits_admit_that_many_bodies_and_no_more() {
     let [a, b, c] = replicas();
     let occupancy = Arc::new(Occupancy::default());
@@ -314,7 +307,6 @@ async fn permits_admit_that_many_bodies_and_no_more() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the lock-kinds runtime"]
 async fn permits_hold_under_many_callers() {
     let clients: [LockClient; 3] = replicas();
     let occupancy = Arc::new(Occupancy::default());

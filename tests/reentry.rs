@@ -378,3 +378,87 @@ async fn a_key_deleted_behind_the_holder_is_lost_for_the_inner_too() {
     };
     deleted_behind_its_back(&client, server, 1).await.unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// Lock kinds: exclusive inside shared cannot be granted; several keys
+// re-enter when one lock covers them all.
+
+#[distributed_lock(key = "report:{id}", client = client, mode = "shared", wait = "3s")]
+async fn read_report(client: &LockClient, id: u32) -> Result<(), LockError> {
+    // A nested shared call re-enters; the guard API too.
+    read_again(client, id).await?;
+    let again = client
+        .lock_with(&format!("report:{id}"), LockOptions::new(TTL).shared(true))
+        .await?;
+    again.release().await?;
+    // Exclusive would wait for this very hold to end.
+    let started = Instant::now();
+    let err = rebuild_report(client, id).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WouldDeadlock, "{err}");
+    assert!(err.to_string().contains("shared"), "{err}");
+    let err = client
+        .lock_with(&format!("report:{id}"), LockOptions::new(TTL))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WouldDeadlock, "{err}");
+    assert!(started.elapsed() < AT_ONCE, "refused only after waiting");
+    Ok(())
+}
+
+#[distributed_lock(key = "report:{id}", client = client, mode = "shared", wait = "3s")]
+async fn read_again(client: &LockClient, id: u32) -> Result<(), LockError> {
+    let _ = client;
+    assert_eq!(current_lock().unwrap().key(), format!("report:{id}"));
+    Ok(())
+}
+
+#[distributed_lock(key = "report:{id}", client = client, wait = "3s")]
+async fn rebuild_report(client: &LockClient, id: u32) -> Result<(), LockError> {
+    let _ = (client, id);
+    Ok(())
+}
+
+#[distributed_lock(keys = ["acct:{a}", "acct:{b}"], client = client, wait = "3s")]
+async fn transfer(client: &LockClient, a: u32, b: u32) -> Result<(), LockError> {
+    // Each key alone, and both again in the other order, re-enter.
+    debit(client, b).await?;
+    let both = client
+        .lock_all(
+            &[&format!("acct:{b}"), &format!("acct:{a}")],
+            LockOptions::new(TTL),
+        )
+        .await?;
+    both.release().await?;
+    // A key this body does not hold, with one it does: some, not all.
+    let err = client
+        .lock_all(&[&format!("acct:{a}"), "acct:other"], LockOptions::new(TTL))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WouldDeadlock, "{err}");
+    Ok(())
+}
+
+#[distributed_lock(key = "acct:{id}", client = client, wait = "3s")]
+async fn debit(client: &LockClient, id: u32) -> Result<(), LockError> {
+    let _ = client;
+    assert_eq!(current_lock().unwrap().key(), format!("acct:{id}"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_kinds_re_enter_and_exclusive_inside_shared_would_deadlock() {
+    for backend in backends() {
+        let (client, observer) = (client(&backend).await, client(&backend).await);
+        let started = Instant::now();
+        read_report(&client, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", backend.logs()));
+        transfer(&client, 1, 2)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", backend.logs()));
+        assert!(started.elapsed() < 2 * AT_ONCE, "a nested call queued");
+        for key in ["report:1", "acct:1", "acct:2"] {
+            assert!(is_free(&observer, key).await, "{key} held after the calls");
+        }
+    }
+}
