@@ -26,6 +26,8 @@ use tokio::time::Instant;
 
 const PREFIX: &str = "cancel:";
 const KEY: &str = "k";
+/// The other key of `lock_all`.
+const KEY2: &str = "k2";
 const TTL: Duration = Duration::from_secs(30);
 
 struct Fixture {
@@ -54,9 +56,11 @@ impl Fixture {
         }
     }
 
-    /// Whether the key is held anywhere.
+    /// Whether the key (or the second key of `lock_all`) is held anywhere.
     fn key_held(&self) -> bool {
-        self.backend.holds(&storage_key(PREFIX, KEY))
+        [KEY, KEY2]
+            .iter()
+            .any(|key| self.backend.holds(&storage_key(PREFIX, key)))
     }
 
     /// What a user relies on after a cancelled operation, with every guard
@@ -121,7 +125,7 @@ impl Poller {
 
     /// Polls `future` until it completes or `budget` polls in all were
     /// made; `Some` with its output when it completed.
-    async fn poll<F: Future>(
+    async fn poll<F: Future + ?Sized>(
         &mut self,
         mut future: Pin<&mut F>,
         budget: usize,
@@ -162,9 +166,18 @@ enum Case {
     ReleaseWithWaiter,
     Extend,
     Attribute,
+    /// `lock_all` on two keys.
+    LockAll,
+    /// `lock_all` behind a holder of one key in another process.
+    LockAllBehindOtherProcess,
+    /// A shared hold, and a permit.
+    Shared,
+    Permit,
+    /// A shared hold behind an exclusive holder in another process.
+    SharedBehindOtherProcess,
 }
 
-const CASES: [Case; 11] = [
+const CASES: [Case; 16] = [
     Case::Lock,
     Case::TryLock,
     Case::LockFenced,
@@ -176,6 +189,11 @@ const CASES: [Case; 11] = [
     Case::ReleaseWithWaiter,
     Case::Extend,
     Case::Attribute,
+    Case::LockAll,
+    Case::LockAllBehindOtherProcess,
+    Case::Shared,
+    Case::Permit,
+    Case::SharedBehindOtherProcess,
 ];
 
 #[distributed_lock(key = "k", client = client, ttl = "30s", wait = "10s")]
@@ -276,6 +294,38 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
         Case::Attribute => {
             let op = pin!(annotated(&fx.a));
             poller.poll(op, polls).await.is_some()
+        }
+        Case::LockAll => {
+            let op = pin!(fx.a.lock_all(&[KEY2, KEY], opts));
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::Shared | Case::Permit => {
+            let opts = match case {
+                Case::Shared => opts.shared(true),
+                _ => opts.permits(2),
+            };
+            let op = pin!(fx.a.lock_with(KEY, opts));
+            poller.poll(op, polls).await.is_some()
+        }
+        Case::LockAllBehindOtherProcess | Case::SharedBehindOtherProcess => {
+            let holder = fx.b.lock(KEY, TTL).await.unwrap();
+            let mut op = match case {
+                Case::LockAllBehindOtherProcess => {
+                    Box::pin(fx.a.lock_all(&[KEY, KEY2], opts.clone()))
+                        as Pin<Box<dyn Future<Output = _>>>
+                }
+                _ => Box::pin(fx.a.lock_with(KEY, opts.shared(true))),
+            };
+            let done = poller.poll(op.as_mut(), polls.min(1)).await.is_some();
+            // Redlock refuses shared locks at once.
+            let refused = matches!(fx.backend, Backend::Redlock(_))
+                && matches!(case, Case::SharedBehindOtherProcess);
+            assert!(
+                !done || refused,
+                "a waiter cannot finish while the key is held"
+            );
+            holder.release().await.unwrap();
+            done || poller.poll(op.as_mut(), polls).await.is_some()
         }
     }
 }
