@@ -304,6 +304,9 @@ mod cases {
             .await
             .expect("the writer never got the lock")
             .unwrap();
+        // With no writer waiting any more, readers get in at once.
+        let next = try_with(&fx.a, "log", shared(10_000)).await;
+        assert!(next.is_some(), "the writer's mark outlived its wait");
     }
 
     pub async fn a_crashed_shared_holder_expires_by_itself(fx: Fixture) {

@@ -333,10 +333,11 @@ impl Request<'_> {
     }
 
     /// How long an exclusive waiter's writer mark lasts: past its next
-    /// attempt (within the backoff's cap, or a call's bound), and never past
-    /// the end of its wait.
+    /// attempt (the backoff's cap, twice over, and a round trip's margin),
+    /// and never past the end of its wait. A waiter that gives up leaves it
+    /// that long at most; the attempt that wins deletes it.
     pub(crate) fn writer_for(&self, inner: &ClientInner) -> Duration {
-        let gap = inner.backoff.cap().max(self.call_bound) * 2;
+        let gap = inner.backoff.cap() * 2 + Duration::from_millis(100);
         gap.min(self.end.saturating_duration_since(Instant::now()))
             .max(MIN_TTL)
     }

@@ -383,7 +383,8 @@ end
 ///
 /// The writer mark (a short-lived key, refreshed by every attempt of every
 /// exclusive waiter) keeps new shared holders out while an exclusive one
-/// waits, so a stream of readers cannot starve it. When the counter cannot
+/// waits, so a stream of readers cannot starve it; the attempt that wins
+/// deletes it, so readers queue behind a writer only while one waits. When the counter cannot
 /// be raised, the lock just set is deleted again and the error is the
 /// answer (see [`ACQUIRE_FENCED`]).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -391,6 +392,7 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         lua_read!(),
         lua_fence!(),
         r#"if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+  redis.call("DEL", KEYS[2])
   if not KEYS[3] then
     return {1, 0}
   end
@@ -442,6 +444,9 @@ end
 local answer = {1}
 for i = 1, n do
   redis.call("SET", KEYS[i], ARGV[1], "PX", ARGV[2])
+  if ARGV[4] ~= "0" then
+    redis.call("DEL", KEYS[n + i])
+  end
   answer[i + 1] = 0
 end
 if KEYS[2 * n + 1] then

@@ -168,6 +168,9 @@ impl MemoryStore {
                 expires: now + ttl,
             },
         );
+        if let Some((mark, _)) = keys.writer {
+            state.writers.remove(mark);
+        }
         let fence = keys
             .fence
             .map(|fence_key| next_fence(&mut state, fence_key, ttl));
@@ -198,6 +201,9 @@ impl MemoryStore {
                     expires: now + ttl,
                 },
             );
+            if let Some((mark, _)) = k.writer {
+                state.writers.remove(mark);
+            }
             if let Some(fence_key) = k.fence {
                 fences.push(next_fence(&mut state, fence_key, ttl));
             }
