@@ -16,7 +16,7 @@ USAGE:
 OPTIONS:
     --seconds N       measured time per row, in seconds (default 5)
     --only LIST       workloads to run, comma-separated:
-                      W1,W2,W3,W3p,W4,W5,W6,W8 (default: all)
+                      W1,W2,W3,W3p,W4,W5,W6,W8,W9 (default: all)
     --out DIR         where the CSV, JSON and text copies of the table go
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
@@ -164,7 +164,7 @@ fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
         WorkloadId::parse,
         "--only",
         "workload",
-        "W1, W2, W3, W3p, W4, W5, W6 or W8",
+        "W1, W2, W3, W3p, W4, W5, W6, W8 or W9",
     )
 }
 
@@ -232,13 +232,18 @@ mod tests {
 
     #[test]
     fn only_keeps_table_order_and_ignores_case() {
-        let Ok(Command::Run(options)) = parse_strs(&["--only", "w8,w3p,W1", "--seconds", "0.5"])
+        let Ok(Command::Run(options)) = parse_strs(&["--only", "w9,w3p,W1,W8", "--seconds", "0.5"])
         else {
             panic!("valid arguments");
         };
         assert_eq!(
             options.only,
-            vec![WorkloadId::W1, WorkloadId::W3p, WorkloadId::W8]
+            vec![
+                WorkloadId::W1,
+                WorkloadId::W3p,
+                WorkloadId::W8,
+                WorkloadId::W9
+            ]
         );
         assert_eq!(options.seconds, Duration::from_millis(500));
     }

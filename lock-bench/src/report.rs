@@ -110,6 +110,11 @@ impl WorkloadResult {
             .iter()
             .find(|row| row.implementation == implementation)
     }
+
+    /// The row labelled `label`, if it ran.
+    pub fn labelled(&self, label: &str) -> Option<&Row> {
+        self.rows.iter().find(|row| row.label() == label)
+    }
 }
 
 /// What a ratio should be.
@@ -176,6 +181,9 @@ impl Report {
             if w.id == WorkloadId::W8 {
                 out.against_minimum(w, None);
             }
+            if w.id == WorkloadId::W9 {
+                out.shared(w);
+            }
             if w.id == WorkloadId::W1 {
                 out.against_floor(w);
             }
@@ -240,7 +248,7 @@ impl Report {
         let _ = writeln!(
             out,
             "{} s measured per row; rate = per second; µs columns are the cycle time \
-             (W1, W2, W4, W6, W8) or the wait for the lock (W3, W3p)\n",
+             (W1, W2, W4, W6, W8) or the wait for the lock (W3, W3p, W9)\n",
             trim_number(self.seconds)
         );
         out.push_str(&self.table());
@@ -511,6 +519,41 @@ impl Ratios {
                 None,
             );
         }
+    }
+
+    /// W9: what shared holds buy the readers over exclusive ones, and what
+    /// they cost the writer.
+    fn shared(&mut self, w: &WorkloadResult) {
+        use crate::workloads::w9::{
+            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
+        };
+        let figure = |label, f: fn(&Row) -> Option<f64>| w.labelled(label).and_then(f);
+        let rate = |label| figure(label, |r| r.rate);
+        self.push(
+            w.id,
+            "readers, shared / all exclusive, acquisitions/s".to_owned(),
+            div(rate(SHARED_READERS), rate(EXCLUSIVE_READERS)),
+            None,
+        );
+        self.push(
+            w.id,
+            "writer, beside shared readers / beside exclusive ones, acquisitions/s".to_owned(),
+            div(rate(SHARED_WRITER), rate(EXCLUSIVE_WRITER)),
+            None,
+        );
+        let writer = |f| div(figure(SHARED_WRITER, f), figure(EXCLUSIVE_WRITER, f));
+        self.push(
+            w.id,
+            "writer wait p50, beside shared readers / beside exclusive ones".to_owned(),
+            writer(|r| r.p50_us),
+            None,
+        );
+        self.push(
+            w.id,
+            "writer wait p99, beside shared readers / beside exclusive ones".to_owned(),
+            writer(|r| r.p99_us),
+            None,
+        );
     }
 
     /// W1: lock-core and the minimum against two round trips.
@@ -814,6 +857,50 @@ mod tests {
         );
         // The floor has no rounds: its ratio keeps one line with the target.
         assert!(find("lock-core guard / (floor / 2), cycles/s").is_some());
+    }
+
+    #[test]
+    fn rows_of_one_implementation_keep_their_labels() {
+        use crate::workloads::w9::{
+            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
+        };
+        let rates = [
+            (SHARED_READERS, 100.0),
+            (SHARED_WRITER, 10.0),
+            (EXCLUSIVE_READERS, 50.0),
+            (EXCLUSIVE_WRITER, 20.0),
+        ];
+        let rows = rates
+            .into_iter()
+            .map(|(label, rate)| {
+                let mut row = Row::new(Impl::Guard, "acquisitions");
+                row.label = Some(label);
+                row.rate = Some(rate);
+                row
+            })
+            .collect();
+        let report = Report {
+            machine: Machine::default(),
+            seconds: 1.0,
+            workloads: vec![WorkloadResult {
+                id: WorkloadId::W9,
+                title: "shared",
+                params: String::new(),
+                rows,
+            }],
+        };
+        let ratios = report.ratios();
+        let find = |name: &str| find(&ratios, name).map(|r| r.0);
+        assert_eq!(
+            find("readers, shared / all exclusive, acquisitions/s"),
+            Some(2.0)
+        );
+        assert_eq!(
+            find("writer, beside shared readers / beside exclusive ones, acquisitions/s"),
+            Some(0.5)
+        );
+        assert!(report.render().contains(EXCLUSIVE_WRITER));
+        assert!(report.csv().contains(SHARED_READERS));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! | W5 | hold 10,000 locks with renewal (ttl 3 s) for 30 s |
 //! | W6 | annotated function vs the same body with the guard API |
 //! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
+//! | W9 | 8 shared readers and 1 exclusive writer on one key |
 
 pub mod w1;
 pub mod w2;
@@ -19,6 +20,7 @@ pub mod w4;
 pub mod w5;
 pub mod w6;
 pub mod w8;
+pub mod w9;
 
 use crate::contenders::{Cycle, Impl, Locker, Section, Xorshift};
 use crate::error::{BenchError, BenchResult, fail};
@@ -49,11 +51,13 @@ pub enum WorkloadId {
     W6,
     /// Two keys at once.
     W8,
+    /// Shared readers and a writer.
+    W9,
 }
 
 impl WorkloadId {
     /// Every workload, in table order.
-    pub const ALL: [WorkloadId; 8] = [
+    pub const ALL: [WorkloadId; 9] = [
         WorkloadId::W1,
         WorkloadId::W2,
         WorkloadId::W3,
@@ -62,6 +66,7 @@ impl WorkloadId {
         WorkloadId::W5,
         WorkloadId::W6,
         WorkloadId::W8,
+        WorkloadId::W9,
     ];
 
     /// `W1`, ..., `W3p`, ...
@@ -75,6 +80,7 @@ impl WorkloadId {
             WorkloadId::W5 => "W5",
             WorkloadId::W6 => "W6",
             WorkloadId::W8 => "W8",
+            WorkloadId::W9 => "W9",
         }
     }
 
