@@ -15,13 +15,13 @@ USAGE:
 
 OPTIONS:
     --seconds N       measured time per row, in seconds (default 5)
-    --only LIST       workloads to run, comma-separated: W1,W2,W3,W3p,W4,W5,W6
-                      (default: all)
+    --only LIST       workloads to run, comma-separated:
+                      W1,W2,W3,W3p,W4,W5,W6,W8,W9 (default: all)
     --out DIR         where the CSV, JSON and text copies of the table go
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
     --w5-locks N      how many locks W5 holds (default 10000)
-    --impls LIST      rows of W1, W2 and W4 to run, comma-separated: floor,
+    --impls LIST      rows of W1, W2, W4 and W8 to run, comma-separated: floor,
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
                       is a W1 row)
@@ -43,7 +43,7 @@ pub struct Options {
     pub w5_seconds: Duration,
     /// How many locks W5 holds at once.
     pub w5_locks: usize,
-    /// The rows the throughput workloads (W1, W2, W4) run.
+    /// The rows the throughput workloads (W1, W2, W4, W8) run.
     pub impls: Vec<Impl>,
 }
 
@@ -164,7 +164,7 @@ fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
         WorkloadId::parse,
         "--only",
         "workload",
-        "W1, W2, W3, W3p, W4, W5 or W6",
+        "W1, W2, W3, W3p, W4, W5, W6, W8 or W9",
     )
 }
 
@@ -232,11 +232,19 @@ mod tests {
 
     #[test]
     fn only_keeps_table_order_and_ignores_case() {
-        let Ok(Command::Run(options)) = parse_strs(&["--only", "w3p,W1", "--seconds", "0.5"])
+        let Ok(Command::Run(options)) = parse_strs(&["--only", "w9,w3p,W1,W8", "--seconds", "0.5"])
         else {
             panic!("valid arguments");
         };
-        assert_eq!(options.only, vec![WorkloadId::W1, WorkloadId::W3p]);
+        assert_eq!(
+            options.only,
+            vec![
+                WorkloadId::W1,
+                WorkloadId::W3p,
+                WorkloadId::W8,
+                WorkloadId::W9
+            ]
+        );
         assert_eq!(options.seconds, Duration::from_millis(500));
     }
 
@@ -250,7 +258,7 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        assert!(parse_strs(&["--only", "W9"]).is_err());
+        assert!(parse_strs(&["--only", "W7"]).is_err());
         assert!(parse_strs(&["--seconds", "0"]).is_err());
         assert!(parse_strs(&["--seconds"]).is_err());
         assert!(parse_strs(&["--url", "x"]).is_err());

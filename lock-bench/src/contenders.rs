@@ -9,6 +9,9 @@
 //! | `Attribute` | a call of an `#[distributed_lock]` function |
 //! | `Rslock` | `rslock::LockManager::lock` then `unlock` |
 //!
+//! W8 locks two keys per cycle ([`Locker::cycle_all`]): the minimum with one
+//! all-or-none script, lock-core with `LockClient::lock_all`.
+//!
 //! The body run while the lock is held is a [`Section`]: empty for the
 //! throughput workloads; for the contended ones it stamps the acquisition and
 //! release times and checks, with an in-process counter, that nobody else is
@@ -36,6 +39,11 @@ pub const LOCK_CORE_PREFIX: &str = "bench:lock-core:";
 /// The longest sleep of the minimum lock's polling loop in the contended
 /// workloads (a random sleep in `[0, POLL_MAX]` after each busy attempt).
 pub const POLL_MAX: Duration = Duration::from_millis(10);
+
+/// The longest sleep of the minimum lock's polling in W8, where a pair is
+/// held for about one round trip: a random sleep in `[0, PAIR_POLL_MAX]`
+/// after each attempt that found a key held.
+pub const PAIR_POLL_MAX: Duration = Duration::from_millis(1);
 
 /// An implementation, as named in the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,6 +292,46 @@ impl Locker {
             Locker::Rslock(manager) => rslock_cycle(manager, key, section, contended).await,
         }
     }
+
+    /// Takes every key of `keys` at once (all or none), runs `section`,
+    /// releases them (W8). lock-core waits up to [`WAIT`] through
+    /// `lock_all`; the minimum tries its all-or-none script and, while a key
+    /// is held, polls with a random sleep of up to [`PAIR_POLL_MAX`]. The
+    /// other implementations have no lock on several keys.
+    pub async fn cycle_all(&self, keys: &[&str], section: &Section) -> BenchResult<Cycle> {
+        match self {
+            Locker::Minimum(lock) => {
+                let mut jitter = Xorshift::new();
+                loop {
+                    let token = lock.token();
+                    if lock.try_acquire_all(keys, &token, TTL).await? {
+                        section.run().await;
+                        lock.release_all(keys, &token).await?;
+                        return Ok(Cycle {
+                            done: true,
+                            gave_up: 0,
+                        });
+                    }
+                    tokio::time::sleep(jitter.up_to(PAIR_POLL_MAX)).await;
+                }
+            }
+            Locker::Guard(client) => {
+                let guard = client
+                    .lock_all(keys, LockOptions::new(TTL).wait(WAIT))
+                    .await;
+                let held = async {
+                    let guard = guard?;
+                    section.run().await;
+                    guard.release().await
+                };
+                lock_core_outcome(held.await)
+            }
+            other => Err(fail(format!(
+                "{} has no lock on several keys",
+                other.implementation().label()
+            ))),
+        }
+    }
 }
 
 /// A lock-core client as the bench uses it: the bench's prefix, ttl 10 s,
@@ -305,7 +353,7 @@ async fn minimum_cycle(
     section: &Section,
     contended: bool,
 ) -> BenchResult<Cycle> {
-    let mut jitter = Jitter::new();
+    let mut jitter = Xorshift::new();
     loop {
         let token = lock.token();
         if lock.try_acquire(key, &token, TTL).await? {
@@ -397,25 +445,45 @@ async fn rslock_cycle(
     }
 }
 
-/// A tiny xorshift generator for polling jitter (not for tokens).
+/// A tiny xorshift generator for polling jitter and W8's random keys (not
+/// for tokens).
 #[derive(Debug)]
-struct Jitter(u64);
+pub struct Xorshift(u64);
 
-impl Jitter {
-    fn new() -> Jitter {
-        // Any non-zero seed that differs between calls will do.
-        Jitter(wall_ns() | 1)
+impl Xorshift {
+    /// A generator seeded from the clock and a process-wide counter, so
+    /// tasks started in the same nanosecond still draw apart.
+    pub fn new() -> Xorshift {
+        static STREAMS: AtomicU64 = AtomicU64::new(0);
+        let stream = STREAMS.fetch_add(1, Ordering::Relaxed);
+        // splitmix64 of the two, so neighbouring seeds give unrelated
+        // sequences.
+        let mut z = (wall_ns() ^ stream.rotate_left(32)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Xorshift((z ^ (z >> 31)) | 1)
     }
 
-    /// A uniformly random duration in `[0, max]`, to the microsecond.
-    fn up_to(&mut self, max: Duration) -> Duration {
+    fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         self.0 = x;
+        x
+    }
+
+    /// A uniformly random duration in `[0, max]`, to the microsecond.
+    pub fn up_to(&mut self, max: Duration) -> Duration {
         let span = u64::try_from(max.as_micros()).unwrap_or(u64::MAX).max(1);
-        Duration::from_micros(x % (span + 1))
+        Duration::from_micros(self.next() % (span + 1))
+    }
+
+    /// A random number in `[0, n)` (`n` > 0); the modulo bias is far below
+    /// what the bench can see.
+    pub fn below(&mut self, n: usize) -> usize {
+        let n64 = u64::try_from(n).unwrap_or(u64::MAX).max(1);
+        usize::try_from(self.next() % n64).unwrap_or(0)
     }
 }
 
@@ -433,7 +501,7 @@ mod tests {
 
     #[test]
     fn jitter_stays_in_range() {
-        let mut jitter = Jitter::new();
+        let mut jitter = Xorshift::new();
         for _ in 0..1000 {
             assert!(jitter.up_to(POLL_MAX) <= POLL_MAX);
         }

@@ -16,8 +16,8 @@
 //!
 //! Modules: [`args`] (options), [`servers`] (the redis-server processes and
 //! admin commands), [`minimum`] (the hand-written lock), [`contenders`] (the
-//! implementations behind one interface), [`workloads`] (W1-W6 and their
-//! loops), [`stats`] (percentiles and merged acquisition records),
+//! implementations behind one interface), [`workloads`] (W1-W6, W8, W9 and
+//! their loops), [`stats`] (percentiles and merged acquisition records),
 //! [`sysinfo`] (`/proc`), [`report`] (table, CSV, JSON, ratios).
 //!
 //! rslock is a normal dependency, not behind a feature: its `tokio-comp`
@@ -132,6 +132,8 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             WorkloadId::W4 => workloads::w4::run(&ctx).await?,
             WorkloadId::W5 => workloads::w5::run(&ctx).await?,
             WorkloadId::W6 => workloads::w6::run(&ctx).await?,
+            WorkloadId::W8 => workloads::w8::run(&ctx).await?,
+            WorkloadId::W9 => workloads::w9::run(&ctx).await?,
         };
         results.push(result);
     }

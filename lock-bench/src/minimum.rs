@@ -2,7 +2,9 @@
 //! yardstick lock-core is measured against.
 //!
 //! Acquire is one `SET key token NX PX ttl`; release is one `EVALSHA` of a
-//! compare-and-delete script loaded when connecting. One multiplexed
+//! compare-and-delete script loaded when connecting. Several keys at once
+//! (W8, one server) are one `EVALSHA` that sets them all or none, and one
+//! that compares and deletes each. One multiplexed
 //! connection per server, shared by every task; no renewal, no retries, no
 //! validity bookkeeping. Tokens are a process id and a counter: unique, but
 //! (unlike a real lock's) guessable, which costs nothing here.
@@ -25,35 +27,67 @@ const RELEASE_SCRIPT: &str = r#"if redis.call("GET", KEYS[1]) == ARGV[1] then
 end
 return 0"#;
 
+/// Sets every key (`KEYS`) to the token (`ARGV[1]`) with the ttl in
+/// milliseconds (`ARGV[2]`) when none exists; otherwise sets none. 1 when
+/// set.
+const ACQUIRE_ALL_SCRIPT: &str = r#"for i = 1, #KEYS do
+  if redis.call("EXISTS", KEYS[i]) == 1 then
+    return 0
+  end
+end
+for i = 1, #KEYS do
+  redis.call("SET", KEYS[i], ARGV[1], "PX", ARGV[2])
+end
+return 1"#;
+
+/// Deletes each key (`KEYS`) that still holds the token (`ARGV[1]`);
+/// returns how many it deleted.
+const RELEASE_ALL_SCRIPT: &str = r#"local n = 0
+for i = 1, #KEYS do
+  if redis.call("GET", KEYS[i]) == ARGV[1] then
+    n = n + redis.call("DEL", KEYS[i])
+  end
+end
+return n"#;
+
 /// A hand-written lock on one server, or on a majority of several.
 #[derive(Debug)]
 pub struct MinimumLock {
     nodes: Vec<MultiplexedConnection>,
     release_sha: String,
+    /// The scripts of several keys at once (W8; one server only).
+    acquire_all_sha: String,
+    release_all_sha: String,
     process: u32,
     counter: AtomicU64,
 }
 
 impl MinimumLock {
-    /// Connects to every server and loads the release script on each.
+    /// Connects to every server and loads the scripts on each.
     pub async fn connect(urls: &[String]) -> BenchResult<MinimumLock> {
         if urls.is_empty() {
             return Err(fail("the minimum lock needs at least one server"));
         }
         let mut nodes = Vec::with_capacity(urls.len());
-        let mut release_sha = String::new();
+        let mut shas = [String::new(), String::new(), String::new()];
         for url in urls {
             let mut conn = connect(url).await?;
-            release_sha = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(RELEASE_SCRIPT)
-                .query_async(&mut conn)
-                .await?;
+            let scripts = [RELEASE_SCRIPT, ACQUIRE_ALL_SCRIPT, RELEASE_ALL_SCRIPT];
+            for (sha, script) in shas.iter_mut().zip(scripts) {
+                *sha = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script)
+                    .query_async(&mut conn)
+                    .await?;
+            }
             nodes.push(conn);
         }
+        let [release_sha, acquire_all_sha, release_all_sha] = shas;
         Ok(MinimumLock {
             nodes,
             release_sha,
+            acquire_all_sha,
+            release_all_sha,
             process: std::process::id(),
             counter: AtomicU64::new(0),
         })
@@ -103,6 +137,39 @@ impl MinimumLock {
             return Ok(del(node).await? == 1);
         }
         Ok(majority_yes(self.nodes.iter().map(del), |reply| matches!(reply, Ok(1))).await)
+    }
+
+    /// One attempt on several keys at once, all or none, with one
+    /// `EVALSHA` (one server only). `Ok(false)` when any key is held.
+    pub async fn try_acquire_all(
+        &self,
+        keys: &[&str],
+        token: &str,
+        ttl: Duration,
+    ) -> BenchResult<bool> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.acquire_all_sha).arg(keys.len()).arg(keys);
+        cmd.arg(token).arg(ttl_ms);
+        Ok(cmd.query_async::<i64>(&mut self.single()?).await? == 1)
+    }
+
+    /// Compare-and-delete of several keys with one `EVALSHA` (one server
+    /// only). `Ok(true)` when every key was still ours.
+    pub async fn release_all(&self, keys: &[&str], token: &str) -> BenchResult<bool> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.release_all_sha).arg(keys.len()).arg(keys);
+        cmd.arg(token);
+        let deleted = cmd.query_async::<usize>(&mut self.single()?).await?;
+        Ok(deleted == keys.len())
+    }
+
+    /// The connection of the one server, for the scripts of several keys.
+    fn single(&self) -> BenchResult<MultiplexedConnection> {
+        match self.nodes.as_slice() {
+            [node] => Ok(node.clone()),
+            _ => Err(fail("the minimum locks several keys on one server only")),
+        }
     }
 
     /// Sequential plain `SET`s as a floor (the cheapest write, one round

@@ -12,6 +12,10 @@ use std::fmt::Write as _;
 pub struct Row {
     /// Which implementation.
     pub implementation: Impl,
+    /// A label of the row's own, where one implementation has several rows
+    /// or is used in a particular way (W8, W9); otherwise the
+    /// implementation's.
+    pub label: Option<&'static str>,
     /// The main rate, per second.
     pub rate: Option<f64>,
     /// What [`rate`](Self::rate) counts ("cycles", "acquisitions", ...).
@@ -58,6 +62,7 @@ impl Row {
     pub fn new(implementation: Impl, rate_unit: &'static str) -> Row {
         Row {
             implementation,
+            label: None,
             rate: None,
             rate_unit,
             p50_us: None,
@@ -77,6 +82,11 @@ impl Row {
             server_cpu_us: None,
             note: String::new(),
         }
+    }
+
+    /// The name shown in the table.
+    pub fn label(&self) -> &'static str {
+        self.label.unwrap_or(self.implementation.label())
     }
 }
 
@@ -99,6 +109,11 @@ impl WorkloadResult {
         self.rows
             .iter()
             .find(|row| row.implementation == implementation)
+    }
+
+    /// The row labelled `label`, if it ran.
+    pub fn labelled(&self, label: &str) -> Option<&Row> {
+        self.rows.iter().find(|row| row.label() == label)
     }
 }
 
@@ -161,7 +176,13 @@ impl Report {
         let mut out = Ratios(Vec::new());
         for w in &self.workloads {
             if matches!(w.id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
-                out.against_minimum(w);
+                out.against_minimum(w, Some(Target::AtLeast(0.9)));
+            }
+            if w.id == WorkloadId::W8 {
+                out.against_minimum(w, None);
+            }
+            if w.id == WorkloadId::W9 {
+                out.shared(w);
             }
             if w.id == WorkloadId::W1 {
                 out.against_floor(w);
@@ -227,7 +248,7 @@ impl Report {
         let _ = writeln!(
             out,
             "{} s measured per row; rate = per second; µs columns are the cycle time \
-             (W1, W2, W4, W6) or the wait for the lock (W3, W3p)\n",
+             (W1, W2, W4, W6, W8) or the wait for the lock (W3, W3p, W9)\n",
             trim_number(self.seconds)
         );
         out.push_str(&self.table());
@@ -245,11 +266,8 @@ impl Report {
                 Some(t) => format!("target {}: MISSED", t.describe()),
                 None => String::new(),
             };
-            let _ = writeln!(
-                out,
-                "  {name:<width$}  {:>10}  {verdict}",
-                fixed(r.value, 3)
-            );
+            let line = format!("  {name:<width$}  {:>10}  {verdict}", fixed(r.value, 3));
+            let _ = writeln!(out, "{}", line.trim_end());
         }
         out
     }
@@ -334,7 +352,7 @@ impl Report {
                     csv_text(w.title),
                     csv_text(&w.params),
                     r.implementation.id().to_owned(),
-                    csv_text(r.implementation.label()),
+                    csv_text(r.label()),
                     opt(r.rate),
                     r.rate_unit.to_owned(),
                     opt(r.p50_us),
@@ -387,7 +405,7 @@ impl Report {
             for (j, r) in w.rows.iter().enumerate() {
                 let fields = [
                     ("implementation", json_text(r.implementation.id())),
-                    ("label", json_text(r.implementation.label())),
+                    ("label", json_text(r.label())),
                     ("rate_per_s", json_opt(r.rate)),
                     ("rate_unit", json_text(r.rate_unit)),
                     ("p50_us", json_opt(r.p50_us)),
@@ -479,13 +497,13 @@ impl Ratios {
         }
     }
 
-    /// W1, W2, W4: lock-core against the minimum, in cycles and in CPU.
-    fn against_minimum(&mut self, w: &WorkloadResult) {
+    /// W1, W2, W4, W8: lock-core against the minimum, in cycles and in CPU;
+    /// `target` on the cycles.
+    fn against_minimum(&mut self, w: &WorkloadResult, target: Option<Target>) {
+        let label = |imp| w.row(imp).map_or(Impl::label(imp), Row::label);
         for imp in [Impl::Guard, Impl::Attribute] {
-            let name = format!("{} / minimum, cycles/s", imp.label());
-            for (name, value, target) in
-                rate_ratios(w, name, imp, Impl::Minimum, 1.0, Target::AtLeast(0.9))
-            {
+            let name = format!("{} / minimum, cycles/s", label(imp));
+            for (name, value, target) in rate_ratios(w, name, imp, Impl::Minimum, 1.0, target) {
                 self.push(w.id, name, value, target);
             }
         }
@@ -496,20 +514,60 @@ impl Ratios {
         for imp in [Impl::Guard, Impl::Attribute] {
             self.push(
                 w.id,
-                format!("minimum / {}, CPU per cycle (client + server)", imp.label()),
+                format!("minimum / {}, CPU per cycle (client + server)", label(imp)),
                 div(cpu(Impl::Minimum), cpu(imp)),
                 None,
             );
         }
     }
 
+    /// W9: what shared holds buy the readers over exclusive ones, and what
+    /// they cost the writer.
+    fn shared(&mut self, w: &WorkloadResult) {
+        use crate::workloads::w9::{
+            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
+        };
+        let figure = |label, f: fn(&Row) -> Option<f64>| w.labelled(label).and_then(f);
+        let rate = |label| figure(label, |r| r.rate);
+        self.push(
+            w.id,
+            "readers, shared / all exclusive, acquisitions/s".to_owned(),
+            div(rate(SHARED_READERS), rate(EXCLUSIVE_READERS)),
+            None,
+        );
+        self.push(
+            w.id,
+            "writer, beside shared readers / beside exclusive ones, acquisitions/s".to_owned(),
+            div(rate(SHARED_WRITER), rate(EXCLUSIVE_WRITER)),
+            None,
+        );
+        let writer = |f| div(figure(SHARED_WRITER, f), figure(EXCLUSIVE_WRITER, f));
+        self.push(
+            w.id,
+            "writer wait p50, beside shared readers / beside exclusive ones".to_owned(),
+            writer(|r| r.p50_us),
+            None,
+        );
+        self.push(
+            w.id,
+            "writer wait p99, beside shared readers / beside exclusive ones".to_owned(),
+            writer(|r| r.p99_us),
+            None,
+        );
+    }
+
     /// W1: lock-core and the minimum against two round trips.
     fn against_floor(&mut self, w: &WorkloadResult) {
         let rate = |imp| w.row(imp).and_then(|r| r.rate);
         let name = "lock-core guard / (floor / 2), cycles/s".to_owned();
-        for (name, value, target) in
-            rate_ratios(w, name, Impl::Guard, Impl::Floor, 0.5, Target::AtLeast(0.9))
-        {
+        for (name, value, target) in rate_ratios(
+            w,
+            name,
+            Impl::Guard,
+            Impl::Floor,
+            0.5,
+            Some(Target::AtLeast(0.9)),
+        ) {
             self.push(w.id, name, value, target);
         }
         // No target: the release is a Lua script, which costs the server
@@ -532,7 +590,7 @@ impl Ratios {
             let name = format!("{} / rslock, {}/s", imp.label(), unit_of(w, imp));
             if w.id == WorkloadId::W4 {
                 for (name, value, target) in
-                    rate_ratios(w, name, imp, Impl::Rslock, 1.0, Target::AtLeast(1.0))
+                    rate_ratios(w, name, imp, Impl::Rslock, 1.0, Some(Target::AtLeast(1.0)))
                 {
                     self.push(w.id, name, value, target);
                 }
@@ -583,7 +641,7 @@ fn rate_ratios(
     a: Impl,
     b: Impl,
     scale: f64,
-    target: Target,
+    target: Option<Target>,
 ) -> Vec<(String, Option<f64>, Option<Target>)> {
     let (Some(row_a), Some(row_b)) = (w.row(a), w.row(b)) else {
         return Vec::new();
@@ -597,7 +655,7 @@ fn rate_ratios(
         .filter_map(|(&x, &y)| ratio(x, y))
         .collect();
     if rounds.is_empty() {
-        return vec![(name, whole, Some(target))];
+        return vec![(name, whole, target)];
     }
     rounds.sort_by(f64::total_cmp);
     let mid = rounds.len() / 2;
@@ -611,7 +669,7 @@ fn rate_ratios(
         (
             format!("{name}, median of {} paired rounds", rounds.len()),
             Some(median),
-            Some(target),
+            target,
         ),
     ]
 }
@@ -647,7 +705,7 @@ fn cells(r: &Row) -> Vec<String> {
         other.push(r.note.clone());
     }
     vec![
-        r.implementation.label().to_owned(),
+        r.label().to_owned(),
         r.rate.map_or("-".to_owned(), |v| fixed(v, 0)),
         r.rate_unit.to_owned(),
         r.p50_us.map_or("-".to_owned(), |v| fixed(v, 1)),
@@ -799,6 +857,50 @@ mod tests {
         );
         // The floor has no rounds: its ratio keeps one line with the target.
         assert!(find("lock-core guard / (floor / 2), cycles/s").is_some());
+    }
+
+    #[test]
+    fn rows_of_one_implementation_keep_their_labels() {
+        use crate::workloads::w9::{
+            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
+        };
+        let rates = [
+            (SHARED_READERS, 100.0),
+            (SHARED_WRITER, 10.0),
+            (EXCLUSIVE_READERS, 50.0),
+            (EXCLUSIVE_WRITER, 20.0),
+        ];
+        let rows = rates
+            .into_iter()
+            .map(|(label, rate)| {
+                let mut row = Row::new(Impl::Guard, "acquisitions");
+                row.label = Some(label);
+                row.rate = Some(rate);
+                row
+            })
+            .collect();
+        let report = Report {
+            machine: Machine::default(),
+            seconds: 1.0,
+            workloads: vec![WorkloadResult {
+                id: WorkloadId::W9,
+                title: "shared",
+                params: String::new(),
+                rows,
+            }],
+        };
+        let ratios = report.ratios();
+        let find = |name: &str| find(&ratios, name).map(|r| r.0);
+        assert_eq!(
+            find("readers, shared / all exclusive, acquisitions/s"),
+            Some(2.0)
+        );
+        assert_eq!(
+            find("writer, beside shared readers / beside exclusive ones, acquisitions/s"),
+            Some(0.5)
+        );
+        assert!(report.render().contains(EXCLUSIVE_WRITER));
+        assert!(report.csv().contains(SHARED_READERS));
     }
 
     #[test]

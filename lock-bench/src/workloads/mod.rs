@@ -9,6 +9,8 @@
 //! | W4 | W1 against 5-node Redlock |
 //! | W5 | hold 10,000 locks with renewal (ttl 3 s) for 30 s |
 //! | W6 | annotated function vs the same body with the guard API |
+//! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
+//! | W9 | 8 shared readers and 1 exclusive writer on one key |
 
 pub mod w1;
 pub mod w2;
@@ -17,8 +19,10 @@ pub mod w3p;
 pub mod w4;
 pub mod w5;
 pub mod w6;
+pub mod w8;
+pub mod w9;
 
-use crate::contenders::{Impl, Locker, Section};
+use crate::contenders::{Cycle, Impl, Locker, Section, Xorshift};
 use crate::error::{BenchError, BenchResult, fail};
 use crate::report::Row;
 use crate::servers::{connect, info};
@@ -45,11 +49,15 @@ pub enum WorkloadId {
     W5,
     /// Attribute overhead.
     W6,
+    /// Two keys at once.
+    W8,
+    /// Shared readers and a writer.
+    W9,
 }
 
 impl WorkloadId {
     /// Every workload, in table order.
-    pub const ALL: [WorkloadId; 7] = [
+    pub const ALL: [WorkloadId; 9] = [
         WorkloadId::W1,
         WorkloadId::W2,
         WorkloadId::W3,
@@ -57,6 +65,8 @@ impl WorkloadId {
         WorkloadId::W4,
         WorkloadId::W5,
         WorkloadId::W6,
+        WorkloadId::W8,
+        WorkloadId::W9,
     ];
 
     /// `W1`, ..., `W3p`, ...
@@ -69,6 +79,8 @@ impl WorkloadId {
             WorkloadId::W4 => "W4",
             WorkloadId::W5 => "W5",
             WorkloadId::W6 => "W6",
+            WorkloadId::W8 => "W8",
+            WorkloadId::W9 => "W9",
         }
     }
 
@@ -179,23 +191,70 @@ impl CycleRun {
     }
 }
 
-/// One task per key, each cycling (lock, empty section, release) on its key
-/// until `duration` has passed.
-pub async fn run_cycles(
+/// What the tasks of a throughput row lock, by lock name.
+#[derive(Clone, Copy, Debug)]
+pub enum Tasks<'a> {
+    /// One task per name, each cycling on its own key (W1, W2, W4).
+    OwnKey(&'a [String]),
+    /// `tasks` tasks, each cycle on two distinct keys drawn at random from
+    /// `names` (W8).
+    RandomPairs {
+        /// Concurrent tasks.
+        tasks: usize,
+        /// The keys to draw from.
+        names: &'a [String],
+    },
+}
+
+/// [`Tasks`] with each lock name turned into the key one implementation
+/// locks.
+#[derive(Clone, Debug)]
+enum TaskKeys {
+    OwnKey(Vec<String>),
+    RandomPairs { tasks: usize, keys: Arc<[String]> },
+}
+
+impl TaskKeys {
+    fn of(locker: &Locker, tasks: Tasks<'_>) -> TaskKeys {
+        let keys = |names: &[String]| -> Vec<String> {
+            names.iter().map(|name| locker.key(name)).collect()
+        };
+        match tasks {
+            Tasks::OwnKey(names) => TaskKeys::OwnKey(keys(names)),
+            Tasks::RandomPairs { tasks, names } => TaskKeys::RandomPairs {
+                tasks,
+                keys: keys(names).into(),
+            },
+        }
+    }
+}
+
+/// The row's tasks, each cycling (lock, empty section, release) until
+/// `duration` has passed.
+async fn run_cycles(
     locker: &Arc<Locker>,
-    keys: &[String],
+    keys: &TaskKeys,
     duration: Duration,
 ) -> BenchResult<CycleRun> {
     let start = Instant::now();
     let deadline = start + duration;
-    let tasks: Vec<_> = keys
-        .iter()
-        .map(|key| {
-            let locker = locker.clone();
-            let key = key.clone();
-            tokio::spawn(async move { cycle_task(&locker, &key, deadline).await })
-        })
-        .collect();
+    let tasks: Vec<_> = match keys {
+        TaskKeys::OwnKey(keys) => keys
+            .iter()
+            .map(|key| {
+                let locker = locker.clone();
+                let key = key.clone();
+                tokio::spawn(async move { cycle_task(&locker, &key, deadline).await })
+            })
+            .collect(),
+        TaskKeys::RandomPairs { tasks, keys } => (0..*tasks)
+            .map(|_| {
+                let locker = locker.clone();
+                let keys = keys.clone();
+                tokio::spawn(async move { pair_task(&locker, &keys, deadline).await })
+            })
+            .collect(),
+    };
     let mut total = CycleRun::default();
     for task in tasks {
         total.absorb(
@@ -207,12 +266,32 @@ pub async fn run_cycles(
     Ok(total)
 }
 
-/// The loop of one [`run_cycles`] task.
+/// The loop of one [`run_cycles`] task on its own key.
 async fn cycle_task(locker: &Locker, key: &str, deadline: Instant) -> CycleRun {
     let section = Section::empty();
     let mut run = CycleRun::default();
     while Instant::now() < deadline {
         timed_cycle(locker, key, &section, &mut run).await;
+    }
+    run
+}
+
+/// The loop of one [`run_cycles`] task on random pairs of `keys` (at
+/// least two): each cycle locks two distinct keys at once.
+async fn pair_task(locker: &Locker, keys: &[String], deadline: Instant) -> CycleRun {
+    let section = Section::empty();
+    let mut run = CycleRun::default();
+    let mut draw = Xorshift::new();
+    while Instant::now() < deadline {
+        let first = draw.below(keys.len());
+        let mut second = draw.below(keys.len() - 1);
+        if second >= first {
+            second += 1;
+        }
+        let pair = [keys[first].as_str(), keys[second].as_str()];
+        let started = Instant::now();
+        let outcome = locker.cycle_all(&pair, &section).await;
+        tally(outcome, started, &mut run);
     }
     run
 }
@@ -226,7 +305,14 @@ pub async fn timed_cycle(
     run: &mut CycleRun,
 ) -> Option<u64> {
     let started = Instant::now();
-    match locker.cycle(key, section, false).await {
+    let outcome = locker.cycle(key, section, false).await;
+    tally(outcome, started, run)
+}
+
+/// Counts in `run` a cycle started at `started`: its time (ns) when it
+/// completed, `None` when it did not get the lock or failed.
+fn tally(outcome: BenchResult<Cycle>, started: Instant, run: &mut CycleRun) -> Option<u64> {
+    match outcome {
         Ok(cycle) if cycle.done => {
             let ns = nanos(started.elapsed());
             run.cycles += 1;
@@ -249,8 +335,8 @@ pub async fn timed_cycle(
 /// interleaving, the less of that drift lands on one row.
 pub const ROUNDS: u32 = 20;
 
-/// Measures one throughput row per implementation of `imps`, one task per
-/// lock name in `names`.
+/// Measures one throughput row per implementation of `imps`, with the
+/// tasks `tasks` describes.
 ///
 /// Every implementation is connected and warmed up first; then the measured
 /// time of each row is split into [`ROUNDS`] rounds, and each round runs
@@ -262,7 +348,7 @@ pub async fn measure_rows(
     workload: WorkloadId,
     imps: &[Impl],
     urls: &[String],
-    names: &[String],
+    tasks: Tasks<'_>,
 ) -> BenchResult<Vec<Row>> {
     let imps: Vec<Impl> = imps
         .iter()
@@ -273,7 +359,7 @@ pub async fn measure_rows(
     for &imp in &imps {
         progress(workload, imp);
         let locker = Arc::new(Locker::connect(imp, urls).await?);
-        let keys: Vec<String> = names.iter().map(|name| locker.key(name)).collect();
+        let keys = TaskKeys::of(&locker, tasks);
         run_cycles(&locker, &keys, ctx.warmup).await?;
         contenders.push((locker, keys, CycleRun::default()));
     }

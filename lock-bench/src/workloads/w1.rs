@@ -1,7 +1,7 @@
 //! W1: one task, one key, lock + release in a loop (ttl 10 s): cycles/s and
 //! cycle time, next to the floor (sequential plain `SET` on one connection).
 
-use super::{Context, WorkloadId, measure_rows};
+use super::{Context, Tasks, WorkloadId, measure_rows};
 use crate::contenders::Impl;
 use crate::error::BenchResult;
 use crate::report::WorkloadResult;
@@ -13,7 +13,7 @@ const ROWS: [Impl; 6] = Impl::ALL;
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     let urls = [ctx.url.clone()];
     let names = ["w1".to_owned()];
-    let rows = measure_rows(ctx, WorkloadId::W1, &ROWS, &urls, &names).await?;
+    let rows = measure_rows(ctx, WorkloadId::W1, &ROWS, &urls, Tasks::OwnKey(&names)).await?;
     Ok(WorkloadResult {
         id: WorkloadId::W1,
         title: "one task, one key, lock + release in a loop",

@@ -1,7 +1,7 @@
 //! W2: 64 tasks, each cycling on its own key, sharing one client: total
 //! cycles/s.
 
-use super::{Context, WorkloadId, measure_rows};
+use super::{Context, Tasks, WorkloadId, measure_rows};
 use crate::contenders::Impl;
 use crate::error::BenchResult;
 use crate::report::WorkloadResult;
@@ -22,7 +22,7 @@ const ROWS: [Impl; 5] = [
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     let urls = [ctx.url.clone()];
     let names: Vec<String> = (0..TASKS).map(|i| format!("w2:{i}")).collect();
-    let rows = measure_rows(ctx, WorkloadId::W2, &ROWS, &urls, &names).await?;
+    let rows = measure_rows(ctx, WorkloadId::W2, &ROWS, &urls, Tasks::OwnKey(&names)).await?;
     Ok(WorkloadResult {
         id: WorkloadId::W2,
         title: "64 tasks, each its own key",

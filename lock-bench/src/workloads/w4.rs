@@ -2,7 +2,7 @@
 //! time. The minimum sends each command to all five at once and counts a
 //! majority.
 
-use super::{Context, WorkloadId, measure_rows};
+use super::{Context, Tasks, WorkloadId, measure_rows};
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
 use crate::report::WorkloadResult;
@@ -22,7 +22,14 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         return Err(fail("W4 needs the Redlock servers"));
     }
     let names = ["w4".to_owned()];
-    let rows = measure_rows(ctx, WorkloadId::W4, &ROWS, &ctx.redlock_urls, &names).await?;
+    let rows = measure_rows(
+        ctx,
+        WorkloadId::W4,
+        &ROWS,
+        &ctx.redlock_urls,
+        Tasks::OwnKey(&names),
+    )
+    .await?;
     Ok(WorkloadResult {
         id: WorkloadId::W4,
         title: "W1 against 5-node Redlock",
