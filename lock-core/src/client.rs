@@ -166,6 +166,11 @@ impl LockClient {
         keys: &[&str],
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
+        if options.mode != Mode::Exclusive {
+            return Err(LockError::config(
+                "lock_all takes exclusive locks only: shared locks and permits are one key each",
+            ));
+        }
         let keys = kinds::canonical(keys);
         let Some(&first) = keys.first() else {
             return Err(LockError::new(ErrorKind::InvalidKey)
