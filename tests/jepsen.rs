@@ -629,36 +629,39 @@ impl Run {
         let mut notes = Vec::new();
         if report.lost_updates > 0 {
             notes.push(format!(
-                "{label}: {} of {} increments lost (counter {}): a holder that lost the \
-                 lock wrote a value read before the next holder's writes",
-                report.lost_updates, report.accepted_writes, report.counter
+                "{label}: {} of {} lost (counter {}): a holder that lost the lock wrote a \
+                 value read before the next holder's writes",
+                count(report.lost_updates, "increment"),
+                report.accepted_writes,
+                report.counter
             ));
         }
         if report.stale_rejected > 0 {
             notes.push(format!(
-                "{label}: the register refused {} operations from holders that had lost \
-                 the lock; counter {} = accepted writes",
-                report.stale_rejected, report.counter
+                "{label}: the register refused {} from holders that had lost the lock; \
+                 counter {} = accepted writes",
+                count(report.stale_rejected, "operation"),
+                report.counter
             ));
         }
         if self.scenario.fault.forgets() {
             let tokens = if self.scenario.fenced {
                 format!(
-                    "; {} grants with a token not above the previous one",
-                    report.token_regressions
+                    "; {} with a token not above the previous one",
+                    count(report.token_regressions, "grant")
                 )
             } else {
                 String::new()
             };
             notes.push(format!(
-                "{label}: {} restarts without data; {} leases still in use after the next \
-                 grant{tokens}",
-                self.faults, report.overlaps
+                "{label}: {} without data; {} still in use after the next grant{tokens}",
+                count(self.faults, "restart"),
+                count(report.overlaps, "lease")
             ));
         } else if report.overlaps > 0 && report.stale_rejected == 0 && report.lost_updates == 0 {
             notes.push(format!(
-                "{label}: {} leases still in use after the next grant, with no harm",
-                report.overlaps
+                "{label}: {} still in use after the next grant, with no harm",
+                count(report.overlaps, "lease")
             ));
         }
         notes
@@ -700,6 +703,12 @@ fn keep_history(scenario: Scenario, events: &[Event]) {
     let path = dir.join(format!("{}-{fencing}.jsonl", scenario.fault.name()));
     let lines: String = events.iter().map(|e| e.to_line() + "\n").collect();
     std::fs::write(&path, lines).unwrap();
+}
+
+/// `n` things, in words: "1 lease", "3 leases".
+fn count(n: impl TryInto<u64> + Copy, thing: &str) -> String {
+    let n: u64 = n.try_into().unwrap_or(u64::MAX);
+    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
 }
 
 fn label(scenario: Scenario) -> String {

@@ -13,7 +13,7 @@ pub fn header() -> String {
         "| fault | backend | fencing | faults | ops | accepted | stale rejected | unknown \
          | lost updates | leases | takeovers | overlaps | unavailable | longest wait |"
     );
-    let _ = write!(out, "|{}", "---|".repeat(14));
+    let _ = write!(out, "|{}", " --- |".repeat(14));
     out
 }
 
