@@ -54,6 +54,12 @@
 //! connection. It runs on its own thread and runtime, independent of the
 //! test's runtime.
 //!
+//! # Jepsen-style runs
+//!
+//! [`jepsen`] has what a multi-process test of a lock needs: worker
+//! processes and their history, a register that checks fencing tokens, and
+//! a checker of the history against the register.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -84,6 +90,7 @@
 mod binary;
 mod cluster;
 mod error;
+pub mod jepsen;
 mod probe;
 mod proxy;
 mod sentinel;

@@ -349,6 +349,15 @@ impl RedisServer {
         self.remove_data();
     }
 
+    /// Kills the server (`SIGKILL`) and reaps it, like [`stop`](Self::stop),
+    /// but keeps its files: what it had written to disk is what
+    /// [`restart`](Self::restart) loads. Started with `--appendonly yes
+    /// --appendfsync always`, that is every write it acknowledged; without
+    /// persistence, nothing. Does nothing if it is already stopped.
+    pub fn crash(&mut self) {
+        self.kill();
+    }
+
     /// Issues `SAVE` (writing `dump.rdb` into [`dir`](Self::dir)), then kills
     /// and reaps the server, so that [`restart`](Self::restart) reloads the
     /// data as it was.
@@ -825,7 +834,7 @@ pub(crate) fn reap(child: &mut Child) {
             Ok(Some(_)) | Err(_) => return,
             Ok(None) if Instant::now() >= deadline => {
                 eprintln!(
-                    "lock-testkit: redis-server pid {} did not exit after SIGKILL",
+                    "lock-testkit: process {} did not exit after SIGKILL",
                     child.id()
                 );
                 return;
