@@ -379,3 +379,42 @@ async fn fence_counters_expire_on_every_server_and_tokens_grow_after_they_are_go
     )
     .await;
 }
+
+/// With a minority frozen, clients contending for one key keep getting it:
+/// the servers that answer may split their grants between the clients
+/// (none with a majority), and every such attempt waits out the frozen
+/// servers' timeout. Its undo must not wake the others all at once, or they
+/// split again the same way; their jittered backoff desynchronises them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_frozen_minority_contending_clients_keep_getting_the_lock() {
+    let servers = start_servers(5);
+    // Long: every split vote that waited out the frozen servers would cost
+    // this much, and the cycles below would not fit in their bound.
+    let node_timeout = Duration::from_millis(1000);
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client_with(&servers, settings(node_timeout)).await);
+    }
+    let _frozen = [servers[3].pause(), servers[4].pause()];
+    let started = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            tokio::spawn(async move {
+                let options = LockOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(3));
+                for _ in 0..8 {
+                    let guard = client.lock_with("hot", options.clone()).await?;
+                    guard.release().await?;
+                }
+                Ok::<(), lock_core::LockError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("after {:?}: {e}", started.elapsed()));
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "24 cycles took {took:?}");
+}

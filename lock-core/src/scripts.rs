@@ -146,8 +146,10 @@ end
 
 /// Deletes the key only if it still holds our token, and tells waiters.
 ///
-/// `KEYS[1]` lock key, `ARGV[1]` token. Returns 1 when our lock was deleted,
-/// 0 when the key is gone, belongs to another owner or holds another type.
+/// `KEYS[1]` lock key, `ARGV[1]` token, optional `ARGV[2]` = `quiet` to
+/// publish nothing (the undo of a Redlock attempt that did not win: see
+/// `Quorum::acquire`). Returns 1 when our lock was deleted, 0 when the key
+/// is gone, belongs to another owner or holds another type.
 /// A plain `DEL` would delete the next owner's lock after ours expired. On
 /// release it publishes on the channel named like the key, which waiters
 /// subscribe to (see `backend/wakeup.rs`); with no subscriber that costs
@@ -160,7 +162,9 @@ if refused then
   return refused
 end
 redis.call("DEL", KEYS[1])
-redis.call("PUBLISH", KEYS[1], "")
+if ARGV[2] ~= "quiet" then
+  redis.call("PUBLISH", KEYS[1], "")
+end
 return 1"#
     ))
 });

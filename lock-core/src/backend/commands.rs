@@ -235,10 +235,34 @@ macro_rules! lock_commands {
                 token: &Token,
                 limit: Duration,
             ) -> Result<bool, LockError> {
+                self.delete_if_ours(key, token, true, limit).await
+            }
+
+            /// [`release`](Self::release) telling no waiter: the undo of an
+            /// attempt that did not win.
+            pub(crate) async fn undo(
+                &self,
+                key: &str,
+                token: &Token,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
+                self.delete_if_ours(key, token, false, limit).await
+            }
+
+            async fn delete_if_ours(
+                &self,
+                key: &str,
+                token: &Token,
+                publish: bool,
+                limit: Duration,
+            ) -> Result<bool, LockError> {
                 let released: i64 = self
                     .call(limit, true, |mut conn| {
                         let mut inv = Eval::new(&scripts::RELEASE, 1);
                         inv.key(key).arg(token);
+                        if !publish {
+                            inv.arg("quiet");
+                        }
                         async move { inv.invoke(&mut conn).await }
                     })
                     .await?;

@@ -137,12 +137,13 @@ impl Quorum {
             let (owned, token) = (owned.clone(), token.clone());
             async move { nodes[i].acquire(&owned.keys(), &token, ttl, per_node).await }
         });
-        let answers = until_majority(calls, wait_for, &self.background, |answer| match answer {
-            Ok(Attempt::Granted { .. }) => Some(true),
-            Ok(Attempt::Busy { .. }) => Some(false),
-            Err(_) => None,
-        })
-        .await;
+        let answers =
+            until_majority_or_split(calls, wait_for, &self.background, |answer| match answer {
+                Ok(Attempt::Granted { .. }) => Some(true),
+                Ok(Attempt::Busy { .. }) => Some(false),
+                Err(_) => None,
+            })
+            .await;
         let left = majority_free_in(&answers, self.majority());
         let mut tally = Tally::new(self.majority());
         let mut fence = 0u64;
@@ -181,7 +182,7 @@ impl Quorum {
         // Not ours: undo everywhere, the silent servers included, waiting
         // only until a majority has answered: every attempt has a token of
         // its own, so a late undo can never delete a later attempt's key.
-        self.release_on(keys.lock, token, per_node, Wait::Answered)
+        self.release_on(keys.lock, token, per_node, Wait::Undo)
             .await
             .ok();
         if tally.granted + tally.busy < tally.needed {
@@ -219,17 +220,18 @@ impl Quorum {
                     .await
             }
         });
-        let answers = until_majority(
-            calls,
-            self.majority(),
-            &self.background,
-            |answer| match answer {
-                Ok(Several::Granted(_)) => Some(true),
-                Ok(Several::Busy { .. }) => Some(false),
-                Err(_) => None,
-            },
-        )
-        .await;
+        let answers =
+            until_majority_or_split(
+                calls,
+                self.majority(),
+                &self.background,
+                |answer| match answer {
+                    Ok(Several::Granted(_)) => Some(true),
+                    Ok(Several::Busy { .. }) => Some(false),
+                    Err(_) => None,
+                },
+            )
+            .await;
         let mut tally = Tally::new(self.majority());
         let fenced = keys.iter().all(|k| k.fence.is_some());
         let mut fences = vec![0u64; if fenced { keys.len() } else { 0 }];
@@ -265,7 +267,7 @@ impl Quorum {
         }
         let undo = keys
             .iter()
-            .map(|k| self.release_on(k.lock, token, per_node, Wait::Answered));
+            .map(|k| self.release_on(k.lock, token, per_node, Wait::Undo));
         join_all(undo).await;
         if tally.granted + tally.busy < tally.needed {
             return Err(tally.unavailable("too few Redis servers answered"));
@@ -436,12 +438,17 @@ impl Quorum {
         let key: Arc<str> = key.into();
         let calls = self.each_node(|nodes, i| {
             let (key, token) = (key.clone(), token.clone());
-            async move { nodes[i].release(&key, &token, per_node).await }
+            async move {
+                match wait {
+                    Wait::Majority => nodes[i].release(&key, &token, per_node).await,
+                    Wait::Undo => nodes[i].undo(&key, &token, per_node).await,
+                }
+            }
         });
         let needed = self.majority();
         let answers = match wait {
             Wait::Majority => until_majority(calls, needed, &self.background, said).await,
-            Wait::Answered => {
+            Wait::Undo => {
                 let answered = |answer: &Result<bool, LockError>| answer.is_ok().then_some(true);
                 until_majority(calls, needed, &self.background, answered).await
             }
@@ -508,8 +515,13 @@ fn said(answer: &Result<bool, LockError>) -> Option<bool> {
 enum Wait {
     /// Until a majority released (or can no longer release).
     Majority,
-    /// Until a majority answered, whatever they said.
-    Answered,
+    /// The undo of an attempt that did not win: until a majority answered,
+    /// whatever they said, and without telling waiters. Those that found
+    /// the key held by this attempt on some servers come back on their
+    /// own jittered backoff: woken all at once, the clients would split
+    /// the servers between them again the same way (with a frozen
+    /// minority, each such split waits out its timeout).
+    Undo,
 }
 
 impl Quorum {
@@ -560,6 +572,44 @@ where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
+    gather(calls, needed, background, vote, false).await
+}
+
+/// [`until_majority`] for an acquisition attempt, which may give up sooner:
+/// once a majority of the servers has answered without deciding it (their
+/// grants split between contending clients), the silent rest get only a
+/// short grace, twice the time the answers took (at least [`SPLIT_GRACE`]),
+/// not their whole timeout. An attempt that gives up is undone and tried
+/// again, which is always safe; waiting out servers that are frozen would
+/// make every split vote cost their timeout.
+async fn until_majority_or_split<T, F>(
+    calls: Vec<F>,
+    needed: usize,
+    background: &Arc<AtomicUsize>,
+    vote: impl Fn(&T) -> Option<bool>,
+) -> Vec<Option<T>>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    gather(calls, needed, background, vote, true).await
+}
+
+/// The least grace [`until_majority_or_split`] gives the silent servers.
+const SPLIT_GRACE: Duration = Duration::from_millis(5);
+
+async fn gather<T, F>(
+    calls: Vec<F>,
+    needed: usize,
+    background: &Arc<AtomicUsize>,
+    vote: impl Fn(&T) -> Option<bool>,
+    split_grace: bool,
+) -> Vec<Option<T>>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let started = Instant::now();
     let mut answers: Vec<Option<T>> = calls.iter().map(|_| None).collect();
     let mut pending: FuturesUnordered<_> = calls
         .into_iter()
@@ -576,7 +626,16 @@ where
         if yeses >= needed || most_no.is_some_and(|most| noes > most) {
             break;
         }
-        let Some((i, answer)) = pending.next().await else {
+        let next = if split_grace && yeses + noes >= needed {
+            let grace = (started.elapsed() * 2).max(SPLIT_GRACE);
+            match tokio::time::timeout(grace, pending.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            }
+        } else {
+            pending.next().await
+        };
+        let Some((i, answer)) = next else {
             break;
         };
         match vote(&answer) {
