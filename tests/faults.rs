@@ -43,6 +43,35 @@ async fn a_server_paused_longer_than_the_ttl_makes_the_guard_lost_in_time() {
     assert!(guard.is_lost());
 }
 
+/// An attempt cut short by a server paused longer than the operation
+/// timeout: its `SET` waits in the server's socket and is applied when the
+/// server resumes, after the attempt gave up. The release sent for it in
+/// the background is sent again until Redis answers, so the key does not
+/// stay held by nobody for its whole ttl.
+#[tokio::test]
+async fn an_attempt_applied_after_a_long_pause_is_released_once_the_server_answers() {
+    let server = RedisServer::start();
+    let client = client_with(&server, settings(Duration::from_millis(300))).await;
+    let key = storage_key(PREFIX, "late");
+    let ttl = Duration::from_secs(20);
+    let err = {
+        let _pause = server.pause();
+        let err = client.try_lock("late", ttl).await.unwrap_err();
+        // The background release times out too while the server sleeps.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        err
+    };
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let resumed = Instant::now();
+    eventually(Duration::from_secs(5), "the late SET released", || {
+        !server.cmd::<bool>(&["EXISTS", &key])
+    })
+    .await;
+    assert!(resumed.elapsed() < ttl / 4);
+    let again = client.try_lock("late", ttl).await.unwrap();
+    assert!(again.is_some(), "the key is not free after the pause");
+}
+
 #[tokio::test]
 async fn a_black_holed_connection_bounds_lock_extend_and_release() {
     let server = RedisServer::start();

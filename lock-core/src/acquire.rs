@@ -158,12 +158,13 @@ impl LockClient {
                 request.storage_key.clone(),
                 handed.token,
                 None,
+                handed.valid_until,
             );
             return Err(front);
         }
         // Until the answer is in, the lease is this task's to let go: if the
         // call is cancelled, it is released in the background.
-        let held = MayHold::new(inner, &request.storage_key, handed.token);
+        let held = MayHold::new(inner, &request.storage_key, handed.token, request.ttl);
         let limit = request.limit(inner.op_timeout);
         let taken = inner
             .backend
@@ -425,7 +426,7 @@ impl Contender for OneKey<'_, '_> {
         }
         // Should this future be dropped before the answer is in, the SET may
         // still be applied: the token is then released in the background.
-        let held = MayHold::new(inner, &request.storage_key, Token::generate());
+        let held = MayHold::new(inner, &request.storage_key, Token::generate(), request.ttl);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let writer = self
@@ -486,6 +487,8 @@ pub(crate) struct MayHold<'a> {
     key: &'a Arc<str>,
     what: MayHoldKeys<'a>,
     token: Token,
+    /// The ttl the call asked for: its release is sent again until then.
+    ttl: Duration,
     armed: bool,
 }
 
@@ -501,8 +504,13 @@ pub(crate) enum MayHoldKeys<'a> {
 }
 
 impl<'a> MayHold<'a> {
-    fn new(inner: &'a Arc<ClientInner>, key: &'a Arc<str>, token: Token) -> MayHold<'a> {
-        MayHold::of(inner, key, MayHoldKeys::One, token)
+    fn new(
+        inner: &'a Arc<ClientInner>,
+        key: &'a Arc<str>,
+        token: Token,
+        ttl: Duration,
+    ) -> MayHold<'a> {
+        MayHold::of(inner, key, MayHoldKeys::One, token, ttl)
     }
 
     pub(crate) fn of(
@@ -510,12 +518,14 @@ impl<'a> MayHold<'a> {
         key: &'a Arc<str>,
         what: MayHoldKeys<'a>,
         token: Token,
+        ttl: Duration,
     ) -> MayHold<'a> {
         MayHold {
             inner,
             key,
             what,
             token,
+            ttl,
             armed: true,
         }
     }
@@ -538,18 +548,19 @@ impl Drop for MayHold<'_> {
             return;
         }
         let (inner, key, token) = (self.inner.clone(), self.key.clone(), self.token.clone());
+        let until = Instant::now() + self.ttl;
         match self.what {
-            MayHoldKeys::One => spawn_release(inner, key, token, None),
+            MayHoldKeys::One => spawn_release(inner, key, token, None, until),
             MayHoldKeys::Several(keys) => {
                 let parts = keys.iter().map(|k| Part {
                     storage_key: k.clone(),
                     key_start: 0,
                     fence: None,
                 });
-                spawn_release_scope(inner, key, Scope::Several(parts.collect()), token);
+                spawn_release_scope(inner, key, Scope::Several(parts.collect()), token, until);
             }
             MayHoldKeys::Member(membership) => {
-                spawn_release_scope(inner, key, Scope::Member(membership.clone()), token);
+                spawn_release_scope(inner, key, Scope::Member(membership.clone()), token, until);
             }
         }
     }
@@ -627,6 +638,7 @@ pub(crate) fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff
         Handoff::Lease(handed, owner) => (handed, owner),
     };
     let token = handed.token.clone();
+    let until = handed.valid_until;
     let usable = Instant::now() + MIN_TTL < handed.valid_until;
     let spent =
         match inner
@@ -634,10 +646,12 @@ pub(crate) fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff
             .hand_off(key, owner, move || usable.then_some(handed), inner.handoff)
         {
             Next::HandedOver => return,
-            Next::NotFirst => return spawn_release(inner.clone(), key.clone(), token, None),
+            Next::NotFirst => {
+                return spawn_release(inner.clone(), key.clone(), token, None, until);
+            }
             Next::Release { spent } => spent,
         };
-    spawn_release(inner.clone(), key.clone(), token, None);
+    spawn_release(inner.clone(), key.clone(), token, None, until);
     inner
         .queues
         .pass_front(key, owner, if spent { YIELD } else { Duration::ZERO });

@@ -88,7 +88,8 @@ impl LockClient {
     async fn free_handoff(&self, key: &Arc<str>, handoff: Option<Handoff>, deadline: Instant) {
         match handoff {
             Some(Handoff::Lease(handed, _)) => {
-                spawn_release(self.inner.clone(), key.clone(), handed.token, None);
+                let until = handed.valid_until;
+                spawn_release(self.inner.clone(), key.clone(), handed.token, None, until);
             }
             Some(Handoff::Free { after, .. }) if after > Duration::ZERO => {
                 tokio::time::sleep_until(deadline.min(Instant::now() + after)).await;
@@ -176,7 +177,7 @@ impl Contender for SeveralKeys<'_, '_> {
             })
             .collect();
         let what = MayHoldKeys::Several(self.keys);
-        let held = MayHold::of(inner, &self.keys[0], what, Token::generate());
+        let held = MayHold::of(inner, &self.keys[0], what, Token::generate(), request.ttl);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let outcome = inner
@@ -212,7 +213,13 @@ impl Contender for Member<'_, '_> {
     async fn attempt(&mut self, _retry: bool) -> Result<Self::Won, Lost> {
         let (inner, request) = (self.inner, self.request);
         let what = MayHoldKeys::Member(self.membership);
-        let held = MayHold::of(inner, &request.storage_key, what, Token::generate());
+        let held = MayHold::of(
+            inner,
+            &request.storage_key,
+            what,
+            Token::generate(),
+            request.ttl,
+        );
         let keys = member_keys(&request.storage_key, self.membership);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();

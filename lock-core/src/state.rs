@@ -13,6 +13,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// A connection to where the locks live, shared by every task of a process.
 ///
@@ -144,18 +145,18 @@ pub(crate) fn spawn_release(
     storage_key: Arc<str>,
     token: Token,
     keep_for: Option<Duration>,
+    until: Instant,
 ) {
     in_background(async move {
         let limit = inner.op_timeout;
-        let _ = match keep_for {
-            Some(keep_for) => {
-                inner
-                    .backend
-                    .set_ttl(&storage_key, &token, keep_for, limit)
-                    .await
+        let backend = &inner.backend;
+        until_answered(&inner, until, || async {
+            match keep_for {
+                Some(keep_for) => backend.set_ttl(&storage_key, &token, keep_for, limit).await,
+                None => backend.release(&storage_key, &token, limit).await,
             }
-            None => inner.backend.release(&storage_key, &token, limit).await,
-        };
+        })
+        .await;
     });
 }
 
@@ -165,13 +166,19 @@ pub(crate) fn spawn_release_lease(
     lease: Arc<Lease>,
     keep_for: Option<Duration>,
 ) {
+    let until = Instant::now() + lease.ttl();
     in_background(async move {
         let limit = inner.op_timeout;
         let backend = &inner.backend;
-        let _ = match keep_for {
-            Some(keep_for) => hold::expire(backend, &lease, keep_for, Expiry::Exact, limit).await,
-            None => hold::release(backend, &lease, limit).await,
-        };
+        until_answered(&inner, until, || async {
+            match keep_for {
+                Some(keep_for) => {
+                    hold::expire(backend, &lease, keep_for, Expiry::Exact, limit).await
+                }
+                None => hold::release(backend, &lease, limit).await,
+            }
+        })
+        .await;
     });
 }
 
@@ -183,11 +190,42 @@ pub(crate) fn spawn_release_scope(
     storage_key: Arc<str>,
     scope: Scope,
     token: Token,
+    until: Instant,
 ) {
     in_background(async move {
         let limit = inner.op_timeout;
-        let _ = hold::release_keys(&inner.backend, &storage_key, &scope, &token, limit).await;
+        until_answered(&inner, until, || {
+            hold::release_keys(&inner.backend, &storage_key, &scope, &token, limit)
+        })
+        .await;
     });
+}
+
+/// Runs `op` until Redis answers it, or until `until` (when what it lets go
+/// would have expired anyway), pausing on the client's backoff between
+/// tries. A release that timed out (a server paused longer than the
+/// operation timeout) is sent again, rather than leaving the key held by
+/// nobody for the rest of its ttl once the server resumes and applies what
+/// it was sent before.
+async fn until_answered<F, Fut>(inner: &ClientInner, until: Instant, mut op: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, LockError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if e.kind() == ErrorKind::Unavailable && Instant::now() < until => {
+                let pause = inner
+                    .backoff
+                    .delay(attempt)
+                    .min(until.saturating_duration_since(Instant::now()));
+                attempt += 1;
+                tokio::time::sleep(pause).await;
+            }
+            _ => return,
+        }
+    }
 }
 
 /// Runs `work` on the current tokio runtime; nothing outside one.
