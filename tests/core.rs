@@ -578,3 +578,47 @@ async fn fence_counters_expire_and_tokens_still_grow_after_one_expired() {
     assert!(pttl > 10 * 3 * 60 * 60 * 1000 - 60_000, "pttl {pttl}");
     assert!(guard.release().await.unwrap());
 }
+
+/// `send_release` returns once the release is written, before its reply:
+/// the next acquisition of the key on the same connection comes after it,
+/// so it finds the key free without waiting, every time; and a waiter of
+/// another process hears it.
+#[tokio::test]
+async fn send_release_is_ordered_before_the_next_command_and_wakes_waiters() {
+    let server = RedisServer::start();
+    let client = client_with(&server, LockClient::builder().key_prefix(PREFIX)).await;
+    let ttl = Duration::from_secs(30);
+    for i in 0..200 {
+        let guard = client
+            .try_lock("sent", ttl)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("cycle {i}: the key was still held"));
+        guard.send_release().await.unwrap();
+    }
+    eventually(Duration::from_secs(5), "the last release applied", || {
+        !server.cmd::<bool>(&["EXISTS", &storage_key(PREFIX, "sent")])
+    })
+    .await;
+
+    // Another process's waiter, backing off 5 s, wakes on the message the
+    // unconfirmed release publishes.
+    let other = client_with(
+        &server,
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .backoff(slow_backoff()),
+    )
+    .await;
+    let guard = client.lock("sent", ttl).await.unwrap();
+    let waiter = spawn_waiting(async move {
+        let got = other.lock("sent", ttl).await.unwrap();
+        got.release().await.unwrap();
+        Instant::now()
+    })
+    .await;
+    let released = Instant::now();
+    guard.send_release().await.unwrap();
+    let lag = waiter.await.unwrap().saturating_duration_since(released);
+    assert!(lag < slow_backoff().base(), "the waiter took {lag:?}");
+}

@@ -361,6 +361,63 @@ impl LockGuard {
         result.map_err(|e| e.with_key(self.key()))
     }
 
+    /// Gives the lock up without waiting for Redis to confirm it: sends the
+    /// compare-and-delete (with its wake-up of waiters) and returns once it
+    /// is written to the connection, one round trip sooner than
+    /// [`release`](Self::release). Commands this process sends later on the
+    /// same connection (the next acquisition of this key, say) are
+    /// processed after it, and the process may exit right after it returns:
+    /// the command has left it. What the reply says is not waited for: a
+    /// release that fails is logged (WARN) and counted
+    /// (`lock_core_release_failures_total` with the `metrics` feature), and
+    /// the lease then expires by itself, as after a failed `release`.
+    ///
+    /// `#[distributed_lock]` releases this way. Where the reply cannot be
+    /// left behind (Redis Cluster, TLS or Unix-socket connections, Sentinel,
+    /// a lock on several keys, shared holds and permits, a `min_hold` not
+    /// over yet) it is awaited as by `release`, and its answer dropped. An
+    /// error means the command could not be written (the connection was
+    /// down): the lease expires by itself.
+    pub async fn send_release(mut self) -> Result<(), LockError> {
+        let unheard = matches!(self.lease.scope, Scope::One)
+            && !matches!(self.stage, Stage::Reentry)
+            && self.lease.keep_for().is_none();
+        if !unheard {
+            return self.release().await.map(drop);
+        }
+        self.stop_heartbeat();
+        let lease = self.lease.clone();
+        let spent = match self.hand_off() {
+            Next::HandedOver => {
+                self.stage = Stage::Done;
+                self.place = Place::Nowhere;
+                lease.retire();
+                observe::released(self.key(), lease.acquired, true);
+                return Ok(());
+            }
+            Next::NotFirst => {
+                self.place = Place::Nowhere;
+                false
+            }
+            Next::Release { spent } => spent,
+        };
+        self.stage = Stage::Releasing { spent };
+        let owned = !lease.is_lost();
+        let limit = self.client.op_timeout;
+        let sent = self
+            .client
+            .backend
+            .send_release(&lease.storage_key, &lease.token, limit)
+            .await;
+        self.stage = Stage::Done;
+        lease.retire();
+        if sent.is_ok() {
+            observe::released(self.key(), lease.acquired, owned);
+        }
+        self.leave_queue(spent);
+        sent.map_err(|e| e.with_key(self.key()))
+    }
+
     /// Hands the lease to the next task of this process, if any waits and
     /// the budget allows.
     fn hand_off(&self) -> Next {

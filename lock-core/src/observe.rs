@@ -110,3 +110,22 @@ pub(crate) fn released(key: &str, acquired: Instant, owned: bool) {
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
+
+/// The reply to a release sent without waiting for it (the attribute's
+/// release): an error means the key was not released, and expires by
+/// itself; 0 means it was no longer ours.
+pub(crate) fn unheard_release(reply: redis::RedisResult<redis::Value>) {
+    let failed = match reply {
+        Ok(redis::Value::ServerError(e)) => Some(format!("{e:?}")),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(error) = failed {
+        tracing::warn!(
+            error,
+            "a release sent without waiting for its reply failed; the lock expires at the end of its ttl"
+        );
+        #[cfg(feature = "metrics")]
+        metrics::counter!("lock_core_release_failures_total").increment(1);
+    }
+}

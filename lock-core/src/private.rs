@@ -192,7 +192,9 @@ impl<T, E> LockResult for Result<T, E> {
 /// Runs `body` while holding the lock `key`: acquires (waiting as `attr`
 /// says), renews while the body runs, and releases on every exit path.
 ///
-/// - Return (`Ok`, `Err`, `?`): the release is awaited before returning.
+/// - Return (`Ok`, `Err`, `?`): the release is sent before returning (written
+///   to the connection; its reply is not awaited: see
+///   [`LockGuard::send_release`]).
 /// - Panic: released, then the panic resumes.
 /// - The returned future dropped (timeout, `select!`, abort): the guard's
 ///   `Drop` stops the heartbeat and releases in the background at once.
@@ -285,8 +287,8 @@ where
     };
     let lost = outcome.is_none().then(|| LockError::lost(guard.key()));
     // Whatever the release says, the body's outcome stands: a failed release
-    // leaves the lease to expire by itself.
-    let _ = guard.release().await;
+    // leaves the lease to expire by itself. Its reply is not waited for.
+    let _ = guard.send_release().await;
     match (outcome, lost) {
         (Some(Ok(result)), _) => result,
         (Some(Err(panic)), _) => std::panic::resume_unwind(panic),

@@ -388,6 +388,29 @@ impl Backend {
         }
     }
 
+    /// [`release`](Self::release) without waiting for its reply where the
+    /// connection allows it (lock-core's own, over plain TCP): returns once
+    /// the command is written, so a later command of this process on the
+    /// same connection comes after it. Redlock sends it to every server and
+    /// returns once a majority of them have it written. Elsewhere (Cluster,
+    /// TLS and the like) the reply is awaited, its answer dropped.
+    pub(crate) async fn send_release(
+        &self,
+        key: &str,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        match self {
+            Backend::Single(node) => node.send_release(key, token, limit).await,
+            Backend::Redlock(quorum) => quorum.send_release(key, token, limit).await,
+            Backend::Cluster(node) => node.release(key, token, limit).await.map(drop),
+            Backend::Memory(store) => {
+                store.release(key, token);
+                Ok(())
+            }
+        }
+    }
+
     /// A round trip that proves the servers answer (a majority of them for
     /// Redlock).
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {

@@ -4,6 +4,9 @@
 use super::shared::{self, Failure, Shared};
 use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
+use crate::observe;
+use crate::scripts::{self, Eval};
+use crate::token::Token;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
@@ -333,6 +336,41 @@ impl Node {
                 f,
             )
             .await
+    }
+}
+
+impl Node {
+    /// Compare-and-delete sent without waiting for its reply, over
+    /// lock-core's own connection: returns once it is written (see
+    /// [`Wire::send_unheard`]). Over the `redis` crate's connection (TLS,
+    /// Unix sockets, RESP3, Sentinel) the reply is awaited as for
+    /// [`release`](Self::release). A failure the reply reports later is
+    /// logged and counted; the lease then expires by itself.
+    pub(crate) async fn send_release(
+        &self,
+        key: &str,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        self.call(limit, false, |conn| async move {
+            match conn {
+                Conn::Wire(wire) => {
+                    let mut cmd = redis::Cmd::with_capacity(5, scripts::RELEASE_SOURCE.len() + 96);
+                    cmd.arg("EVAL")
+                        .arg(scripts::RELEASE_SOURCE)
+                        .arg(1)
+                        .arg(key)
+                        .arg(token);
+                    wire.send_unheard(&cmd, observe::unheard_release).await
+                }
+                mut conn => {
+                    let mut inv = Eval::new(&scripts::RELEASE, 1);
+                    inv.key(key).arg(token);
+                    inv.invoke::<i64>(&mut conn).await.map(drop)
+                }
+            }
+        })
+        .await
     }
 }
 

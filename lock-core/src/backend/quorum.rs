@@ -463,6 +463,36 @@ impl Quorum {
         }
     }
 
+    /// [`release`](Self::release) without waiting for the replies: done once
+    /// a majority of the servers have the command written; the others
+    /// finish in the background.
+    pub(crate) async fn send_release(
+        &self,
+        key: &str,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        let per_node = self.node_timeout.unwrap_or(limit).min(limit);
+        let key: Arc<str> = key.into();
+        let calls = self.each_node(|nodes, i| {
+            let (key, token) = (key.clone(), token.clone());
+            async move { nodes[i].send_release(&key, &token, per_node).await }
+        });
+        let sent = |answer: &Result<(), LockError>| answer.is_ok().then_some(true);
+        let answers = until_majority(calls, self.majority(), &self.background, sent).await;
+        let written = answers.iter().filter(|a| matches!(a, Some(Ok(())))).count();
+        if written >= self.majority() {
+            return Ok(());
+        }
+        let mut tally = Tally::new(self.majority());
+        for (node, answer) in self.nodes.iter().zip(answers) {
+            if let Some(Err(e)) = answer {
+                tally.failures.push(NodeError::new(node.addr(), e));
+            }
+        }
+        Err(tally.unavailable("could not send the release to a majority of Redis servers"))
+    }
+
     /// A round trip to every server, each bounded by `limit` (it may have
     /// to connect first); `Ok` once a majority answered.
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {

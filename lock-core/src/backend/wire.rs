@@ -75,7 +75,7 @@ struct Inner {
 #[derive(Default)]
 struct State {
     /// Where each awaited reply goes, in the order the commands went out.
-    waiting: VecDeque<oneshot::Sender<Reply>>,
+    waiting: VecDeque<Waiter>,
     /// Commands not fully written yet, from `written` on: the socket's
     /// buffer was full, or nothing has tried since they were added.
     unsent: Vec<u8>,
@@ -175,7 +175,7 @@ impl Wire {
         write(&mut state.unsent);
         for _ in 0..replies {
             let (tx, rx) = oneshot::channel();
-            state.waiting.push_back(tx);
+            state.waiting.push_back(Waiter::Caller(tx));
             each(rx);
         }
         if (!idle || !alone) && state.unsent.len() - state.written < FLUSH_AT {
@@ -220,6 +220,33 @@ impl Wire {
             },
         };
         self.inner.read_until(&mut reader, &mut rx).await
+    }
+
+    /// Sends `cmd` without waiting for its reply: returns once it is written
+    /// to the socket (waiting only while the socket's buffer is full), so
+    /// it reaches the server even if the process exits next, and every
+    /// later command on this connection is processed after it. `hear` gets
+    /// the reply once some later call reads it, or the connection's failure.
+    pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<()> {
+        {
+            let mut state = self.inner.state();
+            if let Some(err) = state.error() {
+                return Err(err);
+            }
+            cmd.write_packed_command(&mut state.unsent);
+            state.waiting.push_back(Waiter::Unheard(hear));
+            if !self.inner.write_out(state)? {
+                return Ok(());
+            }
+        }
+        loop {
+            if let Err(err) = self.inner.stream.writable().await {
+                return Err(self.inner.fail(err));
+            }
+            if !self.inner.write_out(self.inner.state())? {
+                return Ok(());
+            }
+        }
     }
 
     /// One command, one reply.
@@ -338,8 +365,13 @@ impl Inner {
             state.written = 0;
             (std::mem::take(&mut state.waiting), state.error())
         };
-        // Their receivers now see the channel closed, and ask `error`.
-        drop(waiting);
+        // Their receivers now see the channel closed, and ask `error`; a
+        // command nobody waits for hears it here.
+        for waiter in waiting {
+            if let Waiter::Unheard(hear) = waiter {
+                hear(Err(self.error()));
+            }
+        }
         broken.unwrap_or_else(|| RedisError::from(err))
     }
 
@@ -447,11 +479,26 @@ impl Inner {
             let Some(waiter) = waiter else {
                 return Err(protocol("a reply that no command asked for"));
             };
-            // The caller may have given up (timed out); its reply goes.
-            let _ = waiter.send(Ok(value));
+            match waiter {
+                // The caller may have given up (timed out); its reply goes.
+                Waiter::Caller(tx) => {
+                    let _ = tx.send(Ok(value));
+                }
+                Waiter::Unheard(hear) => hear(Ok(value)),
+            }
         }
         Ok(())
     }
+}
+
+/// Where a reply goes.
+enum Waiter {
+    /// To the call that waits for it.
+    Caller(oneshot::Sender<Reply>),
+    /// To a function, for a command sent without waiting for its reply
+    /// ([`Wire::send_unheard`]): it hears the reply when whoever reads next
+    /// reads it, or the connection's failure.
+    Unheard(fn(Reply)),
 }
 
 impl State {
