@@ -622,3 +622,35 @@ async fn send_release_is_ordered_before_the_next_command_and_wakes_waiters() {
     let lag = waiter.await.unwrap().saturating_duration_since(released);
     assert!(lag < slow_backoff().base(), "the waiter took {lag:?}");
 }
+
+/// What the caller of a release sent without its reply notices: it returns
+/// while the server cannot answer, and the release applies once it can.
+#[tokio::test]
+async fn send_release_does_not_wait_for_a_frozen_server() {
+    let server = RedisServer::start();
+    let client = client_with(
+        &server,
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .operation_timeout(Duration::from_secs(3)),
+    )
+    .await;
+    let ttl = Duration::from_secs(30);
+    // The first release on a connection waits (it loads the script).
+    let first = client.lock("frozen", ttl).await.unwrap();
+    first.send_release().await.unwrap();
+    let guard = client.lock("frozen", ttl).await.unwrap();
+    let paused = server.pause();
+    let started = Instant::now();
+    guard.send_release().await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "send_release waited {took:?} for a server that cannot answer"
+    );
+    paused.resume();
+    eventually(Duration::from_secs(5), "the release applied", || {
+        !server.cmd::<bool>(&["EXISTS", &storage_key(PREFIX, "frozen")])
+    })
+    .await;
+}

@@ -50,6 +50,11 @@ impl Eval {
         self
     }
 
+    /// The `EVALSHA` command, for a caller that sends it its own way.
+    pub(crate) fn cmd(&self) -> &Cmd {
+        &self.cmd
+    }
+
     /// Sends the call; on `NOSCRIPT`, loads the script and sends it again.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
@@ -154,13 +159,10 @@ end
 /// release it publishes on the channel named like the key, which waiters
 /// subscribe to (see `backend/wakeup.rs`); with no subscriber that costs
 /// next to nothing.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
-
-/// [`RELEASE`]'s text, for a release sent by `EVAL` without waiting for its
-/// reply (which could not send it again after a `NOSCRIPT`).
-pub(crate) const RELEASE_SOURCE: &str = concat!(
-    lua_read!(),
-    r#"local refused = not_ours(KEYS[1], ARGV[1])
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        r#"local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
@@ -169,7 +171,8 @@ if ARGV[2] ~= "quiet" then
   redis.call("PUBLISH", KEYS[1], "")
 end
 return 1"#
-);
+    ))
+});
 
 /// Renews the lease if the key still holds our token: raises its expiry to
 /// the ttl, never lowers it.

@@ -344,8 +344,12 @@ impl Node {
     /// lock-core's own connection: returns once it is written (see
     /// [`Wire::send_unheard`]). Over the `redis` crate's connection (TLS,
     /// Unix sockets, RESP3, Sentinel) the reply is awaited as for
-    /// [`release`](Self::release). A failure the reply reports later is
-    /// logged and counted; the lease then expires by itself.
+    /// [`release`](Self::release), and so is the first release on each
+    /// connection, which loads the script where the server lacks it. A
+    /// failure the reply reports later is logged and counted; the lease then
+    /// expires by itself. That includes the one release sent by SHA just
+    /// after an operator's `SCRIPT FLUSH` (answered `NOSCRIPT`; the next one
+    /// waits again and reloads).
     pub(crate) async fn send_release(
         &self,
         key: &str,
@@ -353,20 +357,22 @@ impl Node {
         limit: Duration,
     ) -> Result<(), LockError> {
         self.call(limit, false, |conn| async move {
+            let mut inv = Eval::new(&scripts::RELEASE, 1);
+            inv.key(key).arg(token);
             match conn {
-                Conn::Wire(wire) => {
-                    let mut cmd = redis::Cmd::with_capacity(5, scripts::RELEASE_SOURCE.len() + 96);
-                    cmd.arg("EVAL")
-                        .arg(scripts::RELEASE_SOURCE)
-                        .arg(1)
-                        .arg(key)
-                        .arg(token);
-                    wire.send_unheard(&cmd, observe::unheard_release).await
+                Conn::Wire(wire) if wire.scripts_loaded() => {
+                    wire.send_unheard(inv.cmd(), observe::unheard_release).await
                 }
                 mut conn => {
-                    let mut inv = Eval::new(&scripts::RELEASE, 1);
-                    inv.key(key).arg(token);
-                    inv.invoke::<i64>(&mut conn).await.map(drop)
+                    // The first release on a connection (or the first after
+                    // a `SCRIPT FLUSH`) waits: it loads the script if the
+                    // server lacks it, which a release nobody hears could
+                    // not do.
+                    inv.invoke::<i64>(&mut conn).await?;
+                    if let Conn::Wire(wire) = conn {
+                        wire.mark_scripts_loaded();
+                    }
+                    Ok(())
                 }
             }
         })

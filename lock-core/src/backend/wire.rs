@@ -33,6 +33,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use std::collections::VecDeque;
 use std::io;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -70,6 +71,11 @@ struct Inner {
     state: Mutex<State>,
     /// The read side: whoever holds it reads replies for everyone.
     reader: tokio::sync::Mutex<ReadBuf>,
+    /// Whether lock-core's scripts are known to be loaded on the server, so
+    /// a command sent without waiting for its reply may call one by its
+    /// SHA: set by the caller once an awaited call succeeded, cleared when
+    /// such a command is answered `NOSCRIPT` (a `SCRIPT FLUSH`).
+    scripts_loaded: AtomicBool,
 }
 
 #[derive(Default)]
@@ -114,6 +120,7 @@ impl Wire {
                 stream,
                 db: settings.db(),
                 state: Mutex::default(),
+                scripts_loaded: AtomicBool::new(false),
                 reader: tokio::sync::Mutex::new(ReadBuf {
                     buf: vec![0; READ_CHUNK],
                     start: 0,
@@ -223,30 +230,45 @@ impl Wire {
     }
 
     /// Sends `cmd` without waiting for its reply: returns once it is written
-    /// to the socket (waiting only while the socket's buffer is full), so
-    /// it reaches the server even if the process exits next, and every
-    /// later command on this connection is processed after it. `hear` gets
-    /// the reply once some later call reads it, or the connection's failure.
+    /// to the socket, so it reaches the server even if the process exits
+    /// next, and every later command on this connection is processed after
+    /// it. With other commands in flight it waits one turn of the scheduler
+    /// first, so the commands of the tasks that run next go out in the same
+    /// write (as [`send`](Self::send) does). `hear` gets the reply once some
+    /// later call reads it, or the connection's failure.
     pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<()> {
-        {
+        let busy = {
             let mut state = self.inner.state();
             if let Some(err) = state.error() {
                 return Err(err);
             }
+            let busy = !state.unsent.is_empty() || !state.waiting.is_empty();
             cmd.write_packed_command(&mut state.unsent);
             state.waiting.push_back(Waiter::Unheard(hear));
-            if !self.inner.write_out(state)? {
-                return Ok(());
-            }
+            busy
+        };
+        if busy {
+            // Written out even if this future is dropped meanwhile.
+            self.flush().await?;
         }
-        loop {
+        while self.inner.write_out(self.inner.state())? {
+            // The socket's buffer is full: wait until it takes more.
             if let Err(err) = self.inner.stream.writable().await {
                 return Err(self.inner.fail(err));
             }
-            if !self.inner.write_out(self.inner.state())? {
-                return Ok(());
-            }
         }
+        Ok(())
+    }
+
+    /// Whether lock-core's scripts are known to be loaded on this
+    /// connection's server (see [`mark_scripts_loaded`](Self::mark_scripts_loaded)).
+    pub(crate) fn scripts_loaded(&self) -> bool {
+        self.inner.scripts_loaded.load(Ordering::Relaxed)
+    }
+
+    /// Records that an awaited script call succeeded on this connection.
+    pub(crate) fn mark_scripts_loaded(&self) {
+        self.inner.scripts_loaded.store(true, Ordering::Relaxed);
     }
 
     /// One command, one reply.
@@ -484,11 +506,21 @@ impl Inner {
                 Waiter::Caller(tx) => {
                     let _ = tx.send(Ok(value));
                 }
-                Waiter::Unheard(hear) => hear(Ok(value)),
+                Waiter::Unheard(hear) => {
+                    if is_noscript(&value) {
+                        self.scripts_loaded.store(false, Ordering::Relaxed);
+                    }
+                    hear(Ok(value))
+                }
             }
         }
         Ok(())
     }
+}
+
+/// Whether `value` is a `NOSCRIPT` error reply.
+fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
 /// Where a reply goes.
