@@ -349,7 +349,9 @@ async fn fencing_tokens_increase_across_holders_through_node_stops_and_restarts(
 #[tokio::test]
 async fn fence_counters_expire_on_every_server_and_tokens_grow_after_they_are_gone() {
     let servers = start_servers(3);
-    let client = client_with(&servers, settings(Duration::from_millis(200))).await;
+    // Generous: this is not about timeouts, and a server whose call timed
+    // out on a loaded machine would simply have no counter.
+    let client = client_with(&servers, settings(Duration::from_secs(2))).await;
     let fence_key = format!("{}:fence", storage_key(PREFIX, "k"));
     let fenced = LockOptions::new(Duration::from_secs(5)).fencing(true);
     let mut last = 0;
@@ -366,15 +368,21 @@ async fn fence_counters_expire_on_every_server_and_tokens_grow_after_they_are_go
         last = token;
         assert!(guard.release().await.unwrap());
     }
-    // Each counter was given (or lifted with) an expiry of about a day.
+    // Each counter was given (or lifted with) an expiry of about a day. The
+    // last acquisition needed only a majority: a server whose call was still
+    // running may get its counter a moment later, or (its call failed) none,
+    // but never one without an expiry.
     eventually(
-        Duration::from_secs(2),
-        "every counter has an expiry",
+        Duration::from_secs(5),
+        "a majority of counters, each with an expiry",
         || {
-            servers.iter().all(|server| {
-                let pttl: i64 = server.cmd(&["PTTL", &fence_key]);
-                pttl > 23 * 60 * 60 * 1000
-            })
+            let pttls: Vec<i64> = servers
+                .iter()
+                .map(|server| server.cmd(&["PTTL", &fence_key]))
+                .collect();
+            let day_or_so = |pttl: i64| pttl > 23 * 60 * 60 * 1000;
+            pttls.iter().all(|&pttl| pttl == -2 || day_or_so(pttl))
+                && pttls.iter().filter(|&&pttl| day_or_so(pttl)).count() >= 2
         },
     )
     .await;
