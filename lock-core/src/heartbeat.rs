@@ -14,13 +14,20 @@
 //!   says later. The heartbeat never re-acquires behind the owner's back.
 //! - A guard leaves the heartbeat when it is released or dropped, so renewal
 //!   never outlives its owner.
+//! - Past the server's capacity it degrades instead of collapsing: a round
+//!   takes at most `cap` leases, those with the earliest deadlines first
+//!   (and in that order on the wire); after a round with failed calls the
+//!   cap falls to what the server answered in time, and it doubles after
+//!   clean ones, so timed-out calls do not pile up behind each other. Leases it cannot serve are lost at their
+//!   deadlines, the others kept; a backlog of overdue leases is reported (a
+//!   WARN at most every ten seconds, and metrics).
 //!
 //! The task runs on the runtime of the first guard that needed it, and ends
 //! after a short idle period. Should that runtime shut down while guards
 //! from another runtime are still held, their leases are not renewed and are
 //! reported lost at their validity deadline; the next guard starts a new task.
 
-use crate::backend::{Backend, Renewable, Renewal};
+use crate::backend::{BATCH, Backend, Renewable, Renewal};
 use crate::hold::{self, Expiry};
 use crate::lease::{Lease, Scope, renewal_due};
 use crate::observe;
@@ -34,6 +41,10 @@ use tokio::time::Instant;
 
 /// How long the task waits for new leases before it ends.
 const IDLE: Duration = Duration::from_secs(2);
+
+/// The most leases one round takes (and where its cap starts): 64 script
+/// calls, some tens of milliseconds of server time.
+const MAX_ROUND: usize = 64 * BATCH;
 
 /// The renewal schedule of one client.
 pub(crate) struct Heartbeat {
@@ -52,6 +63,33 @@ struct Schedule {
     /// When the running task wakes by itself next: a new lease due earlier
     /// must wake it, a later one need not.
     alarm: Option<Instant>,
+    /// How many leases the next round may take (see the module's doc).
+    cap: Cap,
+    /// When overload was last reported.
+    warned: Option<Instant>,
+}
+
+/// The size limit of a round: between [`BATCH`] and [`MAX_ROUND`].
+#[derive(Clone, Copy)]
+struct Cap(usize);
+
+impl Default for Cap {
+    fn default() -> Cap {
+        Cap(MAX_ROUND)
+    }
+}
+
+impl Cap {
+    /// After a round in which some call failed: what the server did answer
+    /// in time, at least one batch and at most half the cap.
+    fn shrink_to(&mut self, answered: usize) {
+        self.0 = answered.min(self.0 / 2).max(BATCH);
+    }
+
+    /// After a round every call answered: double.
+    fn grow(&mut self) {
+        self.0 = (self.0 * 2).min(MAX_ROUND);
+    }
 }
 
 struct Entry {
@@ -319,8 +357,9 @@ async fn run(heartbeat: Weak<Heartbeat>, backend: Weak<Backend>) {
 }
 
 /// When a lease is due, takes it and every lease due within a quarter of its
-/// ttl. Otherwise returns no lease and sets the alarm: the earliest due
-/// time, or the end of the idle period.
+/// ttl, at most the cap of them, earliest deadline first. Otherwise returns
+/// no lease and sets the alarm: the earliest due time, or the end of the
+/// idle period.
 fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
@@ -339,53 +378,116 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     // Busy with a round: new leases are due later than it ends.
     schedule.alarm = Some(now);
-    let mut round = Vec::new();
+    let (mut wanted, mut next) = gather(&mut schedule.leases, now);
+    let cap = schedule.cap.0;
+    let mut backlog = 0;
+    if wanted.len() > cap {
+        wanted.select_nth_unstable_by_key(cap, |w| w.deadline);
+        for left in wanted.drain(cap..) {
+            backlog += usize::from(left.due <= now);
+            next = Some(next.map_or(left.due, |n| n.min(left.due)));
+        }
+    }
+    wanted.sort_unstable_by_key(|w| w.deadline);
+    let mut round = Vec::with_capacity(wanted.len());
+    for w in wanted {
+        let Some(entry) = schedule.leases.get_mut(w.id) else {
+            continue;
+        };
+        // `extend` holds this lock only for one round trip; a lease
+        // being extended joins the next round.
+        match Due::take(w.id, &entry.lease, entry.lease.ttl()) {
+            Some(due) => {
+                entry.in_flight = true;
+                round.push(due);
+            }
+            None => next = Some(next.map_or(w.due, |n| n.min(w.due))),
+        }
+    }
+    report_backlog(&mut schedule, backlog, now);
+    let next = next.map_or(now + IDLE, |due| due.max(now + Duration::from_millis(1)));
+    (round, next)
+}
+
+/// A lease a round would take.
+struct Wanted {
+    id: Enrolment,
+    due: Instant,
+    deadline: Instant,
+}
+
+/// The leases due within a quarter of their ttl, and the earliest due time
+/// of the others. Leases past their deadline are marked lost and leave.
+fn gather(leases: &mut Slots, now: Instant) -> (Vec<Wanted>, Option<Instant>) {
+    let mut wanted = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
-    for (id, entry) in schedule.leases.iter_mut() {
+    for (id, entry) in leases.iter_mut() {
         if entry.in_flight {
             continue;
         }
-        let ttl = entry.lease.ttl();
-        if now >= entry.lease.valid_until() {
+        let deadline = entry.lease.valid_until();
+        if now >= deadline {
             // Past its deadline: lost, whatever a late renewal would say.
             entry.lease.mark_lost(entry.lease.deadline_reason());
             expired.push(id);
-            continue;
+        } else if entry.due <= now + entry.lease.ttl() / 4 {
+            wanted.push(Wanted {
+                id,
+                due: entry.due,
+                deadline,
+            });
+        } else {
+            next = Some(next.map_or(entry.due, |n| n.min(entry.due)));
         }
-        if entry.due <= now + ttl / 4 {
-            // `extend` holds this lock only for one round trip; a lease
-            // being extended joins the next round.
-            if let Some(due) = Due::take(id, &entry.lease, ttl) {
-                entry.in_flight = true;
-                round.push(due);
-                continue;
-            }
-        }
-        let due = entry.due.max(now + Duration::from_millis(1));
-        next = Some(next.map_or(due, |n| n.min(due)));
     }
     for id in expired {
-        schedule.leases.remove(id);
+        leases.remove(id);
     }
-    (round, next.unwrap_or(now + IDLE))
+    (wanted, next)
+}
+
+/// Reports leases left overdue by a full round, at most every ten seconds,
+/// and the backlog gauge on every round.
+fn report_backlog(schedule: &mut Schedule, backlog: usize, now: Instant) {
+    let quiet = schedule
+        .warned
+        .is_some_and(|at| now.saturating_duration_since(at) < Duration::from_secs(10));
+    if backlog > 0 && !quiet {
+        schedule.warned = Some(now);
+        observe::heartbeat_overloaded(backlog, schedule.leases.len(), schedule.cap.0);
+    }
+    observe::heartbeat_backlog(backlog);
 }
 
 async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) {
     let sent = Instant::now();
-    // Never wait on Redis past the first deadline in the round.
-    let first_deadline = round
+    // Never wait on Redis past the last deadline in the round: by then an
+    // answer saves none of its leases. (Waiting past the first one costs
+    // nothing: a lease is lost at its deadline whoever looks, and a later
+    // answer cannot revive it; giving up then would fail every other lease
+    // of the round with it, which under load loses them all.)
+    let last_deadline = round
         .iter()
         .map(|due| due.lease.valid_until())
-        .min()
+        .max()
         .unwrap_or(sent);
     let limit = heartbeat
         .op_timeout
-        .min(first_deadline.saturating_duration_since(sent))
+        .min(last_deadline.saturating_duration_since(sent))
         .max(Duration::from_millis(1));
     let answers = renew_each(backend, &round, limit).await;
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
+    let answered = answers
+        .iter()
+        .filter(|a| !matches!(a, Renewal::Failed))
+        .count();
+    if answered < answers.len() {
+        schedule.cap.shrink_to(answered);
+    } else {
+        schedule.cap.grow();
+    }
     for (due, answer) in round.iter().zip(answers) {
         let lease = &due.lease;
         let keep = match answer {

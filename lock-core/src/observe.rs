@@ -78,6 +78,32 @@ pub(crate) fn renewal_failed(key: &str, leases: usize, error: &dyn std::fmt::Dis
     tracing::warn!(key, leases, error = %error, "lock renewal failed");
 }
 
+/// The heartbeat's round left `backlog` leases overdue: more locks are held
+/// than the server renews in time, and those it cannot serve will be lost.
+pub(crate) fn heartbeat_overloaded(backlog: usize, held: usize, round_cap: usize) {
+    tracing::warn!(
+        backlog,
+        held,
+        round_cap,
+        "lock renewal is falling behind: the server cannot renew every held lock in time; \
+         the most urgent are renewed first and the rest may be lost"
+    );
+}
+
+/// The leases the heartbeat's last round left overdue (0 when it keeps up);
+/// rounds that left some are counted.
+pub(crate) fn heartbeat_backlog(backlog: usize) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("lock_core_heartbeat_backlog").set(backlog as f64);
+        if backlog > 0 {
+            metrics::counter!("lock_core_heartbeat_overloaded_total").increment(1);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = backlog;
+}
+
 /// A held lock found lost.
 pub(crate) fn lost(key: &str, reason: &'static str) {
     tracing::warn!(key, reason, "lock lost");

@@ -1,15 +1,21 @@
 //! The lock commands on one server.
 
 use super::{
-    Attempt, BATCH, ClusterNode, Joined, LockKeys, MemberKeys, MemberLease, MinReplicas, Node,
-    Renewable, Several,
+    Attempt, BATCH, Batched, ClusterNode, Joined, LockKeys, MemberKeys, MemberLease, MinReplicas,
+    Node, Renewable, Several,
 };
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
 use crate::scripts::{self, Eval};
 use crate::token::{TOKEN_BYTES, Token};
+use futures::StreamExt;
 use futures::future::join_all;
 use std::time::Duration;
+
+/// How many batched renewal calls go out at once: enough to keep a fast
+/// server busy, few enough that calls which time out under load do not queue
+/// up ahead of the next round's.
+const RENEW_WINDOW: usize = 8;
 
 /// The lock commands, for every kind of server connection: written once,
 /// implemented for [`Node`] (one server) and [`ClusterNode`] (a Redis
@@ -199,14 +205,64 @@ macro_rules! lock_commands {
             }
 
             /// [`renew`](Self::renew) for many leases in one script call each
-            /// [`BATCH`] of them; the answers in order.
+            /// [`BATCH`] of them, at most [`RENEW_WINDOW`] calls in flight, all
+            /// within `limit`; the answers in order. A call that fails (a
+            /// timeout under load, say) leaves only its own leases unanswered,
+            /// and calls not sent when the time is up are not sent at all: a
+            /// round too large for the server loses its tail, not all of it,
+            /// and leaves at most the window's calls queued at the server.
             pub(crate) async fn renew_many<R: Renewable>(
                 &self,
                 due: &[R],
                 limit: Duration,
-            ) -> Result<Vec<bool>, LockError> {
-                let calls = due.chunks(BATCH).map(|chunk| {
-                    self.call(limit, true, move |mut conn| {
+            ) -> Batched {
+                let until = tokio::time::Instant::now() + limit;
+                // Made up front (each starts when first polled): a stream's
+                // `map` closure here makes the heartbeat's future not `Send`
+                // for the compiler.
+                let calls: Vec<_> = due
+                    .chunks(BATCH)
+                    .map(|chunk| async move {
+                        let left = until.saturating_duration_since(tokio::time::Instant::now());
+                        let answer = if left.is_zero() {
+                            Err(LockError::new(ErrorKind::Unavailable).with_message(
+                                "the renewal round ran out of time before this batch was sent",
+                            ))
+                        } else {
+                            self.renew_batch(chunk, left).await
+                        };
+                        answer.map_err(|e| (e, chunk.len()))
+                    })
+                    .collect();
+                let calls = futures::stream::iter(calls).buffered(RENEW_WINDOW);
+                let mut batched = Batched {
+                    each: Vec::with_capacity(due.len()),
+                    error: None,
+                };
+                let answers: Vec<_> = calls.collect().await;
+                for answer in answers {
+                    match answer {
+                        Ok(renewed) => batched
+                            .each
+                            .extend(renewed.into_iter().map(|r| Some(r == 1))),
+                        Err((e, len)) => {
+                            batched.each.extend(std::iter::repeat_n(None, len));
+                            batched.error.get_or_insert(e);
+                        }
+                    }
+                }
+                batched
+            }
+
+            /// One call of [`renew_many`](Self::renew_many): at most
+            /// [`BATCH`] leases.
+            async fn renew_batch<R: Renewable>(
+                &self,
+                chunk: &[R],
+                limit: Duration,
+            ) -> Result<Vec<i64>, LockError> {
+                let renewed = self
+                    .call(limit, true, move |mut conn| {
                         let mut inv = Eval::new(&scripts::RENEW_MANY, chunk.len());
                         for d in chunk {
                             inv.key(d.storage_key());
@@ -216,12 +272,8 @@ macro_rules! lock_commands {
                         }
                         async move { inv.invoke::<Vec<i64>>(&mut conn).await }
                     })
-                });
-                let mut renewed = Vec::with_capacity(due.len());
-                for answer in join_all(calls).await {
-                    renewed.extend(answer?.into_iter().map(|r| r == 1));
-                }
-                if renewed.len() != due.len() {
+                    .await?;
+                if renewed.len() != chunk.len() {
                     return Err(LockError::new(ErrorKind::Server)
                         .with_message("the batch renewal answered for the wrong number of keys"));
                 }

@@ -51,6 +51,40 @@ impl<R: Renewable> Renewable for &R {
     }
 }
 
+/// One server's answers to a round of batched renewals: for each lease,
+/// whether it was still ours, or `None` when its batch's call failed (with
+/// the first such failure in `error`).
+pub(crate) struct Batched {
+    pub(crate) each: Vec<Option<bool>>,
+    pub(crate) error: Option<LockError>,
+}
+
+impl Batched {
+    /// The answers as renewals, reporting a failure (with how many leases
+    /// it left unanswered) under the first unanswered lease's name.
+    fn renewals<R: Renewable>(self, due: &[R]) -> Vec<Renewal> {
+        if let Some(e) = &self.error {
+            let unanswered = self.each.iter().filter(|r| r.is_none()).count();
+            let first = self
+                .each
+                .iter()
+                .position(Option::is_none)
+                .and_then(|i| due.get(i));
+            if let Some(first) = first {
+                observe::renewal_failed(first.name(), unanswered, e);
+            }
+        }
+        self.each
+            .into_iter()
+            .map(|answer| match answer {
+                Some(true) => Renewal::Renewed,
+                Some(false) => Renewal::NotOurs,
+                None => Renewal::Failed,
+            })
+            .collect()
+    }
+}
+
 /// What a round of renewals said about one lease.
 pub(crate) enum Renewal {
     Renewed,
@@ -325,24 +359,7 @@ impl Backend {
         limit: Duration,
     ) -> Vec<Renewal> {
         match self {
-            Backend::Single(node) => match node.renew_many(due, limit).await {
-                Ok(renewed) => renewed
-                    .into_iter()
-                    .map(|r| {
-                        if r {
-                            Renewal::Renewed
-                        } else {
-                            Renewal::NotOurs
-                        }
-                    })
-                    .collect(),
-                Err(e) => {
-                    if let Some(first) = due.first() {
-                        observe::renewal_failed(first.name(), due.len(), &e);
-                    }
-                    due.iter().map(|_| Renewal::Failed).collect()
-                }
-            },
+            Backend::Single(node) => node.renew_many(due, limit).await.renewals(due),
             // One script call per lease, all at once: a script with the
             // keys of many locks would span hash slots (CROSSSLOT).
             Backend::Cluster(node) => {

@@ -388,20 +388,21 @@ impl Quorum {
         let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
         let needed = self.majority();
         let most_not_ours = self.nodes.len() - needed;
-        let failed = answers.iter().filter(|a| a.is_err()).count();
+        let failed = answers.iter().filter(|a| a.error.is_some()).count();
         if failed > most_not_ours
-            && let (Some(first), Some(Err(e))) = (due.first(), answers.iter().find(|a| a.is_err()))
+            && let (Some(first), Some(e)) =
+                (due.first(), answers.iter().find_map(|a| a.error.as_ref()))
         {
             observe::renewal_failed(first.name(), due.len(), e);
         }
         (0..due.len())
             .map(|i| {
                 let (mut yes, mut no) = (0, 0);
-                for answer in answers.iter().flatten() {
-                    match answer.get(i) {
-                        Some(&true) => yes += 1,
-                        Some(&false) => no += 1,
-                        None => {}
+                for answer in &answers {
+                    match answer.each.get(i) {
+                        Some(Some(true)) => yes += 1,
+                        Some(Some(false)) => no += 1,
+                        _ => {}
                     }
                 }
                 if yes >= needed {

@@ -1,0 +1,140 @@
+//! More held locks than a slowed server can renew in time: the heartbeat
+//! serves the most urgent first, loses only what it cannot serve, never
+//! claims a lock Redis no longer holds, and says it is overloaded.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use futures::StreamExt;
+use lock_core::{LockClient, LockGuard, LockOptions};
+use lock_testkit::RedisServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+use support::{client_with, storage_key};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::{Layer, registry::LookupSpan};
+
+const PREFIX: &str = "overload:";
+
+/// Counts the heartbeat's overload warnings, from every thread (the
+/// heartbeat runs on whichever worker thread).
+#[derive(Clone, Default)]
+struct Warnings(Arc<AtomicUsize>);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Warnings {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        if *event.metadata().level() == Level::WARN
+            && event.metadata().fields().field("backlog").is_some()
+        {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Keeps the server busy in back-to-back 30 ms scripts until `stop` is
+/// set: between two of them it serves the other clients about one read's
+/// worth of commands, so it renews some thousands of leases a second.
+fn slow_down(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let busy = r#"
+local t = redis.call("TIME")
+local start = t[1] * 1000000 + t[2]
+repeat
+  t = redis.call("TIME")
+until t[1] * 1000000 + t[2] - start > 30000
+return 1"#;
+        while !stop.load(Ordering::Relaxed) {
+            let _: i64 = redis::cmd("EVAL")
+                .arg(busy)
+                .arg(0)
+                .query(&mut conn)
+                .unwrap();
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_capacity_the_heartbeat_keeps_what_it_can_and_says_so() {
+    let warnings = Warnings::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(warnings.clone()))
+        .unwrap();
+    let server = RedisServer::start();
+    let client: LockClient = client_with(
+        &server,
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .operation_timeout(Duration::from_millis(400)),
+    )
+    .await;
+    let ttl = Duration::from_millis(1500);
+    let count = 16000;
+    let guards: Vec<LockGuard> = futures::stream::iter(0..count)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .lock_with(&format!("k{i}"), LockOptions::new(ttl))
+                    .await
+                    .unwrap()
+            }
+        })
+        // In order: guard `i` holds `k{i}`.
+        .buffered(256)
+        .collect()
+        .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let slowing = slow_down(server.port(), stop.clone());
+    for _ in 0..24 {
+        tokio::time::sleep(ttl / 6).await;
+    }
+
+    // Safety first: every guard that still claims its lock finds its key in
+    // Redis. Read the keys before asking the guards: a lease only ever goes
+    // from held to lost, and its deadline comes before Redis's expiry.
+    let keys: Vec<String> = (0..count)
+        .map(|i| storage_key(PREFIX, &format!("k{i}")))
+        .collect();
+    let present: Vec<bool> = {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut present = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(500) {
+            let mut exists = redis::pipe();
+            for key in chunk {
+                exists.exists(key);
+            }
+            let answers: Vec<bool> = exists.query_async(&mut conn).await.unwrap();
+            present.extend(answers);
+        }
+        present
+    };
+    stop.store(true, Ordering::Relaxed);
+    let held: Vec<bool> = guards.iter().map(|g| !g.is_lost()).collect();
+    for (i, (&held, &present)) in held.iter().zip(&present).enumerate() {
+        assert!(
+            !held || present,
+            "guard k{i} claims a lock whose key Redis no longer has"
+        );
+    }
+    let kept = held.iter().filter(|&&h| h).count();
+    assert!(
+        kept > 0,
+        "every one of {count} locks was lost: a cliff, not a degradation"
+    );
+    assert!(
+        kept < count,
+        "the slowed server renewed all {count} locks: the test did not overload it"
+    );
+    assert!(
+        warnings.0.load(Ordering::Relaxed) > 0,
+        "the heartbeat lost {} locks without reporting overload",
+        count - kept
+    );
+    slowing.join().unwrap();
+    drop(guards);
+}
