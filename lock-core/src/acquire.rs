@@ -560,7 +560,13 @@ impl Drop for MayHold<'_> {
                 spawn_release_scope(inner, key, Scope::Several(parts.collect()), token, until);
             }
             MayHoldKeys::Member(membership) => {
-                spawn_release_scope(inner, key, Scope::Member(membership.clone()), token, until);
+                spawn_release_scope(
+                    inner,
+                    key,
+                    Scope::Member(Box::new(membership.clone())),
+                    token,
+                    until,
+                );
             }
         }
     }

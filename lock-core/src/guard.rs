@@ -296,7 +296,7 @@ impl LockGuard {
         if let Some(enrolment) = self.heartbeat {
             self.client
                 .heartbeat
-                .reschedule(enrolment, renewal_due(sent, ttl));
+                .reschedule(enrolment, &self.lease, renewal_due(sent, ttl));
         }
     }
 
@@ -328,7 +328,7 @@ impl LockGuard {
                     // This guard's lease is over; waiters still watching it
                     // must not take its validity deadline for a loss.
                     lease.retire();
-                    observe::released(self.key(), lease.acquired, true);
+                    observe::released(self.key(), lease.acquired(), true);
                     return Ok(true);
                 }
                 Next::NotFirst => {
@@ -353,7 +353,7 @@ impl LockGuard {
         self.stage = Stage::Done;
         lease.retire();
         if let Ok(owned) = result {
-            observe::released(self.key(), lease.acquired, owned);
+            observe::released(self.key(), lease.acquired(), owned);
         }
         // After the release: the next task of this process finds the key
         // free in Redis (unless another process was quicker).
@@ -392,7 +392,7 @@ impl LockGuard {
                 self.stage = Stage::Done;
                 self.place = Place::Nowhere;
                 lease.retire();
-                observe::released(self.key(), lease.acquired, true);
+                observe::released(self.key(), lease.acquired(), true);
                 return Ok(());
             }
             Next::NotFirst => {
@@ -412,7 +412,7 @@ impl LockGuard {
         self.stage = Stage::Done;
         lease.retire();
         if sent.is_ok() {
-            observe::released(self.key(), lease.acquired, owned);
+            observe::released(self.key(), lease.acquired(), owned);
         }
         self.leave_queue(spent);
         sent.map_err(|e| e.with_key(self.key()))
@@ -463,7 +463,7 @@ impl LockGuard {
 
     fn stop_heartbeat(&mut self) {
         if let Some(enrolment) = self.heartbeat.take() {
-            self.client.heartbeat.leave(enrolment);
+            self.client.heartbeat.leave(enrolment, &self.lease);
         }
     }
 }
@@ -478,7 +478,7 @@ impl Drop for LockGuard {
             Stage::Releasing { spent } => {
                 let owned = !self.lease.is_lost();
                 self.release_in_background();
-                observe::released(self.key(), self.lease.acquired, owned);
+                observe::released(self.key(), self.lease.acquired(), owned);
                 spent
             }
             // The enclosing body owns the lease and releases it.
@@ -508,7 +508,7 @@ impl LockGuard {
         if release {
             self.release_in_background();
         }
-        observe::released(self.key(), self.lease.acquired, owned);
+        observe::released(self.key(), self.lease.acquired(), owned);
         spent
     }
 

@@ -33,6 +33,8 @@ use crate::lease::{Lease, Scope, renewal_due};
 use crate::observe;
 use crate::token::Token;
 use futures::future::join_all;
+use std::collections::BTreeSet;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -99,25 +101,37 @@ struct Entry {
 }
 
 /// A lease's place in the schedule; leaving it is [`Heartbeat::leave`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Eight bytes (a guard and the due order carry one per held lock): the
+/// slot and a 32-bit id, which [`Slots`] checks together with the lease
+/// itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Enrolment {
-    index: usize,
-    id: u64,
+    index: u32,
+    id: NonZeroU32,
 }
 
 /// The enrolled leases: a slab (a vector with a free list), so joining and
 /// leaving, once per lock, cost no hashing and, once the vector has grown,
-/// no allocation. Ids are never reused, so a stale [`Enrolment`] finds
-/// nothing.
+/// no allocation. A reused slot gets a new id, and the calls from a guard
+/// also name its lease, so a stale [`Enrolment`] finds nothing (even after
+/// the ids wrap).
+///
+/// Beside it, the leases not in flight ordered by due time, so that a round
+/// costs what it takes (a logarithm per lease), not a look at every lease:
+/// with a million held, scanning them all for every round cost more CPU
+/// than the renewals themselves. An entry is in `by_due`, under its due
+/// time, exactly when it is not in flight; every change goes through the
+/// methods here, which keep that so.
 #[derive(Default)]
 struct Slots {
     slots: Vec<Slot>,
     free: Vec<usize>,
-    next_id: u64,
+    next_id: u32,
+    by_due: BTreeSet<(Instant, Enrolment)>,
 }
 
 struct Slot {
-    id: u64,
+    id: NonZeroU32,
     entry: Option<Entry>,
 }
 
@@ -131,12 +145,16 @@ impl Slots {
         self.len() == 0
     }
 
-    fn insert(&mut self, entry: Entry) -> Enrolment {
-        self.next_id += 1;
-        let id = self.next_id;
+    fn insert(&mut self, lease: Arc<Lease>, due: Instant) -> Enrolment {
+        self.next_id = self.next_id.wrapping_add(1);
+        let id = NonZeroU32::new(self.next_id).unwrap_or(NonZeroU32::MIN);
         let slot = Slot {
             id,
-            entry: Some(entry),
+            entry: Some(Entry {
+                lease,
+                due,
+                in_flight: false,
+            }),
         };
         let index = match self.free.pop() {
             Some(index) => {
@@ -148,23 +166,52 @@ impl Slots {
                 self.slots.len() - 1
             }
         };
-        Enrolment { index, id }
+        // More slots than u32 holds would need 300 GiB of leases first.
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        let at = Enrolment { index, id };
+        self.by_due.insert((due, at));
+        at
+    }
+
+    fn get(&self, at: Enrolment) -> Option<&Entry> {
+        self.slots
+            .get(at.index as usize)
+            .filter(|slot| slot.id == at.id)?
+            .entry
+            .as_ref()
+    }
+
+    /// The entry at `at`, if it is `lease`'s.
+    fn get_of(&self, at: Enrolment, lease: &Arc<Lease>) -> Option<&Entry> {
+        self.get(at)
+            .filter(|entry| Arc::ptr_eq(&entry.lease, lease))
     }
 
     fn get_mut(&mut self, at: Enrolment) -> Option<&mut Entry> {
         self.slots
-            .get_mut(at.index)
+            .get_mut(at.index as usize)
             .filter(|slot| slot.id == at.id)?
             .entry
             .as_mut()
     }
 
-    fn remove(&mut self, at: Enrolment) {
-        let Some(slot) = self.slots.get_mut(at.index).filter(|slot| slot.id == at.id) else {
+    /// Removes `lease`'s entry at `at`.
+    fn remove(&mut self, at: Enrolment, lease: &Arc<Lease>) {
+        if self.get_of(at, lease).is_some() {
+            self.remove_current(at);
+        }
+    }
+
+    /// Removes the entry at `at`, which the caller just found there.
+    fn remove_current(&mut self, at: Enrolment) {
+        let Some(slot) = self.slots.get_mut(at.index as usize) else {
             return;
         };
-        if slot.entry.take().is_some() {
-            self.free.push(at.index);
+        if let Some(entry) = slot.entry.take() {
+            if !entry.in_flight {
+                self.by_due.remove(&(entry.due, at));
+            }
+            self.free.push(at.index as usize);
         }
         if self.is_empty() && self.slots.len() > 1024 {
             // Give back what a burst of locks grew.
@@ -173,20 +220,47 @@ impl Slots {
         }
     }
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = (Enrolment, &mut Entry)> {
-        self.slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(index, slot)| {
-                let id = slot.id;
-                slot.entry
-                    .as_mut()
-                    .map(|entry| (Enrolment { index, id }, entry))
-            })
+    /// Moves `lease`'s next renewal to `due`.
+    fn set_due(&mut self, at: Enrolment, lease: &Arc<Lease>, due: Instant) {
+        if self.get_of(at, lease).is_none() {
+            return;
+        }
+        let Some(entry) = self.get_mut(at) else {
+            return;
+        };
+        let (old, in_flight) = (entry.due, entry.in_flight);
+        entry.due = due;
+        if !in_flight {
+            self.by_due.remove(&(old, at));
+            self.by_due.insert((due, at));
+        }
     }
 
-    fn values(&self) -> impl Iterator<Item = &Entry> {
-        self.slots.iter().filter_map(|slot| slot.entry.as_ref())
+    /// Takes a lease into a round: it leaves the due order until
+    /// [`finish`](Self::finish).
+    fn start(&mut self, at: Enrolment) {
+        if let Some(entry) = self.get_mut(at).filter(|entry| !entry.in_flight) {
+            entry.in_flight = true;
+            let due = entry.due;
+            self.by_due.remove(&(due, at));
+        }
+    }
+
+    /// `lease`'s round is over: it is due again at `due`.
+    fn finish(&mut self, at: Enrolment, lease: &Arc<Lease>, due: Instant) {
+        if self.get_of(at, lease).is_none() {
+            return;
+        }
+        if let Some(entry) = self.get_mut(at).filter(|entry| entry.in_flight) {
+            entry.in_flight = false;
+            entry.due = due;
+            self.by_due.insert((due, at));
+        }
+    }
+
+    /// The earliest due time of a lease not in flight.
+    fn earliest_due(&self) -> Option<Instant> {
+        self.by_due.first().map(|(due, _)| *due)
     }
 }
 
@@ -218,11 +292,7 @@ impl Heartbeat {
         let heartbeat = self;
         let (id, start, wake) = {
             let mut schedule = heartbeat.lock();
-            let id = schedule.leases.insert(Entry {
-                lease,
-                due,
-                in_flight: false,
-            });
+            let id = schedule.leases.insert(lease, due);
             let alive = schedule
                 .running
                 .as_ref()
@@ -253,13 +323,13 @@ impl Heartbeat {
 
     /// Moves a lease's next renewal to `due` (after `extend` changed its
     /// ttl), waking the task when that is earlier than it would wake.
-    pub(crate) fn reschedule(&self, enrolment: Enrolment, due: Instant) {
+    pub(crate) fn reschedule(&self, enrolment: Enrolment, lease: &Arc<Lease>, due: Instant) {
         let wake = {
             let mut schedule = self.lock();
-            let Some(entry) = schedule.leases.get_mut(enrolment) else {
+            if schedule.leases.get_of(enrolment, lease).is_none() {
                 return;
-            };
-            entry.due = due;
+            }
+            schedule.leases.set_due(enrolment, lease, due);
             schedule.alarm.is_some_and(|alarm| due < alarm)
         };
         if wake {
@@ -268,8 +338,8 @@ impl Heartbeat {
     }
 
     /// Stops renewing a lease.
-    pub(crate) fn leave(&self, enrolment: Enrolment) {
-        self.lock().leases.remove(enrolment);
+    pub(crate) fn leave(&self, enrolment: Enrolment, lease: &Arc<Lease>) {
+        self.lock().leases.remove(enrolment, lease);
     }
 }
 
@@ -365,12 +435,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     let mut schedule = heartbeat.lock();
     // A round starts only when some lease is due; then it gathers all that
     // will be due soon. (Waking for a new lease only moves the alarm.)
-    let earliest = schedule
-        .leases
-        .values()
-        .filter(|entry| !entry.in_flight)
-        .map(|entry| entry.due)
-        .min();
+    let earliest = schedule.leases.earliest_due();
     if earliest.is_none_or(|due| due > now) {
         let alarm = earliest.unwrap_or(now + IDLE);
         schedule.alarm = Some(alarm);
@@ -378,8 +443,8 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     // Busy with a round: new leases are due later than it ends.
     schedule.alarm = Some(now);
-    let (mut wanted, mut next) = gather(&mut schedule.leases, now);
     let cap = schedule.cap.0;
+    let (mut wanted, mut next) = gather(&mut schedule.leases, now, cap);
     let mut backlog = 0;
     if wanted.len() > cap {
         wanted.select_nth_unstable_by_key(cap, |w| w.deadline);
@@ -391,14 +456,14 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     wanted.sort_unstable_by_key(|w| w.deadline);
     let mut round = Vec::with_capacity(wanted.len());
     for w in wanted {
-        let Some(entry) = schedule.leases.get_mut(w.id) else {
+        let Some(entry) = schedule.leases.get(w.id) else {
             continue;
         };
         // `extend` holds this lock only for one round trip; a lease
         // being extended joins the next round.
         match Due::take(w.id, &entry.lease, entry.lease.ttl()) {
             Some(due) => {
-                entry.in_flight = true;
+                schedule.leases.start(w.id);
                 round.push(due);
             }
             None => next = Some(next.map_or(w.due, |n| n.min(w.due))),
@@ -416,33 +481,35 @@ struct Wanted {
     deadline: Instant,
 }
 
-/// The leases due within a quarter of their ttl, and the earliest due time
-/// of the others. Leases past their deadline are marked lost and leave.
-fn gather(leases: &mut Slots, now: Instant) -> (Vec<Wanted>, Option<Instant>) {
+/// The leases due within a quarter of their ttl, in due order: every
+/// overdue one (so that the caller can choose by deadline), then the others
+/// until `cap` are taken; and the due time of the first lease left. Leases
+/// past their deadline are marked lost and leave.
+fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<Instant>) {
     let mut wanted = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
-    for (id, entry) in leases.iter_mut() {
-        if entry.in_flight {
+    for &(due, id) in &leases.by_due {
+        let Some(entry) = leases.get(id) else {
             continue;
-        }
+        };
         let deadline = entry.lease.valid_until();
         if now >= deadline {
             // Past its deadline: lost, whatever a late renewal would say.
             entry.lease.mark_lost(entry.lease.deadline_reason());
             expired.push(id);
-        } else if entry.due <= now + entry.lease.ttl() / 4 {
-            wanted.push(Wanted {
-                id,
-                due: entry.due,
-                deadline,
-            });
+        } else if due <= now || (wanted.len() < cap && due <= now + entry.lease.ttl() / 4) {
+            wanted.push(Wanted { id, due, deadline });
         } else {
-            next = Some(next.map_or(entry.due, |n| n.min(entry.due)));
+            // In due order, so every lease after it is due later still
+            // (one with a longer ttl might have been taken early: it waits
+            // for its own due time instead).
+            next = Some(due);
+            break;
         }
     }
     for id in expired {
-        leases.remove(id);
+        leases.remove_current(id);
     }
     (wanted, next)
 }
@@ -506,14 +573,9 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             Renewal::Failed => Some(now + retry_gap(due.ttl)),
         };
         match keep {
-            Some(next) => {
-                if let Some(entry) = schedule.leases.get_mut(due.id) {
-                    entry.due = next;
-                    entry.in_flight = false;
-                }
-            }
+            Some(next) => schedule.leases.finish(due.id, &due.lease, next),
             None => {
-                schedule.leases.remove(due.id);
+                schedule.leases.remove(due.id, &due.lease);
             }
         }
     }

@@ -137,7 +137,7 @@ impl LockClient {
         let Won(token, (), sent) = self.contend_with(&request, &mut member, attempts).await?;
         let lease = request
             .lease(token, None, validity_end(sent, request.ttl))
-            .with_scope(Scope::Member(membership));
+            .with_scope(Scope::Member(Box::new(membership)));
         Ok(LockGuard::member(
             inner.clone(),
             lease,

@@ -4,8 +4,8 @@
 use crate::error::LockError;
 use crate::observe;
 use crate::token::Token;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -86,8 +86,9 @@ pub(crate) enum Scope {
     /// Several keys, exclusively, under one token: every one of them in
     /// canonical order (the first is the lease's storage key).
     Several(Box<[Part]>),
-    /// A place in the key's holder set: a shared holder or a permit.
-    Member(Membership),
+    /// A place in the key's holder set: a shared holder or a permit (boxed:
+    /// every lease has a scope, few are members).
+    Member(Box<Membership>),
 }
 
 /// One key of a lease on several keys.
@@ -131,28 +132,59 @@ pub(crate) struct Lease {
     /// The Redis key: the prefix, then the caller's key in braces. Shared
     /// with the process's line for the key (one allocation per lock).
     pub(crate) storage_key: Arc<str>,
-    /// Where the caller's key starts in `storage_key`.
-    key_start: usize,
+    /// Where the caller's key starts in `storage_key` (a key is at most
+    /// 1 KiB).
+    key_start: u32,
     pub(crate) token: Token,
     pub(crate) fence: Option<u64>,
-    ttl_ms: AtomicU64,
+    /// The ttl in milliseconds (at most 24 h).
+    ttl_ms: AtomicU32,
     /// Until when we may trust that we own the lock: the start of the last
-    /// successful acquire or renew, plus ttl, minus drift. Monotonic clock.
-    valid_until: Mutex<Instant>,
+    /// successful acquire or renew, plus ttl, minus drift. Monotonic clock,
+    /// as an [`Instant`] in nanoseconds after [`epoch`] (an atomic rather than
+    /// a mutex: a lease is small when a process holds a million).
+    valid_until: AtomicU64,
     lost: AtomicBool,
     lost_notify: Notify,
-    /// When this holder got the lock (for the hold time).
-    pub(crate) acquired: Instant,
-    /// `min_hold`: a release before this only shortens the lease to it.
-    min_until: Option<Instant>,
-    /// `max_hold`: the lease is never trusted past this.
-    max_until: Option<Instant>,
+    /// When this holder got the lock (for the hold time), in nanoseconds
+    /// after [`epoch`]; see [`acquired`](Self::acquired).
+    acquired: u64,
+    /// `min_hold` and `max_hold`, when set (seldom: boxed).
+    holds: Option<Box<HoldUntil>>,
     /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
     /// never land after a newer one and shorten the lease behind our back:
     /// one permit, inside the lease (no allocation of its own); the
     /// heartbeat takes it with `try_acquire` and holds it through a round.
     pub(crate) renewing: tokio::sync::Semaphore,
     pub(crate) scope: Scope,
+}
+
+/// The instants a lease's hold limits fall on.
+struct HoldUntil {
+    /// `min_hold`: a release before this only shortens the lease to it.
+    min: Option<Instant>,
+    /// `max_hold`: the lease is never trusted past this.
+    max: Option<Instant>,
+}
+
+/// The instant [`Lease`] counts its validity from: the first time any lease
+/// asked. An instant before it counts as it (long past for any lease).
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn to_nanos(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn from_nanos(nanos: u64) -> Instant {
+    epoch() + Duration::from_nanos(nanos)
+}
+
+/// A ttl in milliseconds, as a lease keeps it (ttls are at most 24 h).
+fn ttl_millis(ttl: Duration) -> u32 {
+    u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX)
 }
 
 impl Lease {
@@ -168,18 +200,23 @@ impl Lease {
         let acquired = Instant::now();
         let max_until = holds.max.map(|max| acquired + max);
         let valid_until = max_until.map_or(valid_until, |max| valid_until.min(max));
+        let holds = (holds.min.is_some() || max_until.is_some()).then(|| {
+            Box::new(HoldUntil {
+                min: holds.min.map(|min| acquired + min),
+                max: max_until,
+            })
+        });
         Lease {
             storage_key,
-            key_start,
+            key_start: u32::try_from(key_start).unwrap_or(u32::MAX),
             token,
             fence,
-            ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
-            valid_until: Mutex::new(valid_until),
+            ttl_ms: AtomicU32::new(ttl_millis(ttl)),
+            valid_until: AtomicU64::new(to_nanos(valid_until)),
             lost: AtomicBool::new(false),
             lost_notify: Notify::new(),
-            acquired,
-            min_until: holds.min.map(|min| acquired + min),
-            max_until,
+            acquired: to_nanos(acquired),
+            holds,
             renewing: tokio::sync::Semaphore::new(1),
             scope: Scope::One,
         }
@@ -198,38 +235,42 @@ impl Lease {
 
     /// The key as the caller named it (inside the braces of the storage key).
     pub(crate) fn key(&self) -> &str {
-        caller_key(&self.storage_key, self.key_start)
+        caller_key(&self.storage_key, self.key_start as usize)
+    }
+
+    /// When this holder got the lock.
+    pub(crate) fn acquired(&self) -> Instant {
+        from_nanos(self.acquired)
     }
 
     pub(crate) fn ttl(&self) -> Duration {
-        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+        Duration::from_millis(u64::from(self.ttl_ms.load(Ordering::Acquire)))
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+        from_nanos(self.valid_until.load(Ordering::Acquire))
+    }
+
+    /// `max_hold`'s instant, if set.
+    fn max_until(&self) -> Option<Instant> {
+        self.holds.as_ref().and_then(|holds| holds.max)
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        self.ttl_ms.store(
-            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Release,
-        );
-        let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
+        self.ttl_ms.store(ttl_millis(ttl), Ordering::Release);
         let end = validity_end(sent, ttl);
-        *until = self.max_until.map_or(end, |max| end.min(max));
+        let until = self.max_until().map_or(end, |max| end.min(max));
+        self.valid_until.store(to_nanos(until), Ordering::Release);
     }
 
     /// Records that the lease is being shortened to `ttl` by a command sent
     /// at `sent`: from now on it is trusted no longer than that, whatever
     /// the answer.
     pub(crate) fn shortened(&self, sent: Instant, ttl: Duration) {
-        self.ttl_ms.store(
-            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Release,
-        );
-        let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
-        *until = (*until).min(validity_end(sent, ttl));
+        self.ttl_ms.store(ttl_millis(ttl), Ordering::Release);
+        self.valid_until
+            .fetch_min(to_nanos(validity_end(sent, ttl)), Ordering::AcqRel);
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -245,7 +286,7 @@ impl Lease {
 
     /// Why a lease whose validity deadline passed is lost.
     pub(crate) fn deadline_reason(&self) -> &'static str {
-        if self.max_until.is_some_and(|max| Instant::now() >= max) {
+        if self.max_until().is_some_and(|max| Instant::now() >= max) {
             "max_hold reached"
         } else {
             "the validity deadline passed without a successful renewal"
@@ -254,7 +295,8 @@ impl Lease {
 
     /// How long a release must keep the lease still (`min_hold`), if at all.
     pub(crate) fn keep_for(&self) -> Option<Duration> {
-        let left = self.min_until?.saturating_duration_since(Instant::now());
+        let min_until = self.holds.as_ref()?.min?;
+        let left = min_until.saturating_duration_since(Instant::now());
         (left >= MIN_TTL.min(Duration::from_millis(1))).then_some(left)
     }
 

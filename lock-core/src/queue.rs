@@ -82,11 +82,40 @@ struct Queue {
     owner: Owner,
     /// The lease of the task first in queue, once it holds one.
     holder: Option<Arc<Lease>>,
-    waiting: VecDeque<oneshot::Sender<Handoff>>,
+    waiting: Waiting,
     /// Hand-offs since the lease was last taken from Redis.
     handoffs: u32,
     /// When the lease was last taken from Redis.
     taken: Option<Instant>,
+}
+
+/// The tasks waiting behind a queue's first, in order: nothing allocated
+/// until one waits (every held key has a queue; few have waiters, and a
+/// process may hold a million keys).
+#[derive(Default)]
+// The box is the point: eight bytes in every queue instead of thirty-two.
+#[allow(clippy::box_collection)]
+struct Waiting(Option<Box<VecDeque<oneshot::Sender<Handoff>>>>);
+
+impl Waiting {
+    /// Drops the waiters that gave up.
+    fn forget_gone(&mut self) {
+        if let Some(waiting) = &mut self.0 {
+            waiting.retain(|w| !w.is_closed());
+        }
+    }
+
+    fn push_back(&mut self, waiter: oneshot::Sender<Handoff>) {
+        self.0.get_or_insert_default().push_back(waiter);
+    }
+
+    fn pop_front(&mut self) -> Option<oneshot::Sender<Handoff>> {
+        self.0.as_mut()?.pop_front()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|waiting| waiting.is_empty())
+    }
 }
 
 /// Every key some task of this client holds or is acquiring.
@@ -198,7 +227,7 @@ impl Queues {
                 Queue {
                     owner,
                     holder: None,
-                    waiting: VecDeque::new(),
+                    waiting: Waiting::default(),
                     handoffs: 0,
                     taken: None,
                 },
@@ -213,7 +242,7 @@ impl Queues {
         if !wait {
             return None;
         }
-        queue.waiting.retain(|w| !w.is_closed());
+        queue.waiting.forget_gone();
         let (tx, rx) = oneshot::channel();
         queue.waiting.push_back(tx);
         Some(Position::Behind {
@@ -269,7 +298,7 @@ impl Queues {
         let Some(queue) = queues.get_mut(key).filter(|queue| queue.owner == owner) else {
             return Next::NotFirst;
         };
-        queue.waiting.retain(|w| !w.is_closed());
+        queue.waiting.forget_gone();
         // With nobody waiting the queue still stays until `pass_front`, after the
         // release: a task of this process that comes meanwhile queues and
         // goes to Redis once the key is free, at the same time as the other
