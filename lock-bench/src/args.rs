@@ -21,6 +21,10 @@ OPTIONS:
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
     --w5-locks N      how many locks W5 holds (default 10000)
+    --w5-ttl N        the ttl of W5's locks, in seconds (default 3)
+    --soak N          instead of the table, run a mix of W1-W3 and the attribute
+                      for N seconds and print what would grow with a leak
+                      (RSS, connections, tasks, subscriptions, queued keys)
     --impls LIST      rows of W1, W2, W4 and W8 to run, comma-separated: floor,
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
@@ -43,8 +47,12 @@ pub struct Options {
     pub w5_seconds: Duration,
     /// How many locks W5 holds at once.
     pub w5_locks: usize,
+    /// The ttl of W5's locks.
+    pub w5_ttl: Duration,
     /// The rows the throughput workloads (W1, W2, W4, W8) run.
     pub impls: Vec<Impl>,
+    /// `--soak`: run the leak soak this long instead of the table.
+    pub soak: Option<Duration>,
 }
 
 /// Arguments of the hidden worker mode (a W3p child process).
@@ -86,7 +94,9 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         out: default_out_dir(),
         w5_seconds: Duration::from_secs(30),
         w5_locks: 10_000,
+        w5_ttl: Duration::from_secs(3),
         impls: Impl::ALL.to_vec(),
+        soak: None,
     };
     let mut worker: Option<WorkerArgs> = None;
     while let Some(arg) = args.next() {
@@ -99,6 +109,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--seconds" => options.seconds = seconds(&value("--seconds")?)?,
             "--w5-seconds" => options.w5_seconds = seconds(&value("--w5-seconds")?)?,
             "--w5-locks" => options.w5_locks = count(&value("--w5-locks")?)?,
+            "--w5-ttl" => options.w5_ttl = seconds(&value("--w5-ttl")?)?,
+            "--soak" => options.soak = Some(seconds(&value("--soak")?)?),
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
             "--impls" => options.impls = impls(&value("--impls")?)?,

@@ -31,6 +31,7 @@ mod error;
 mod minimum;
 mod report;
 mod servers;
+mod soak;
 mod stats;
 mod sysinfo;
 mod workloads;
@@ -72,6 +73,9 @@ fn main() -> ExitCode {
 /// A whole benchmark run. The servers live in this frame, so they are
 /// stopped on every way out of it.
 fn run(options: &Options) -> BenchResult<()> {
+    if let Some(length) = options.soak {
+        return run_soak(length);
+    }
     let wants = |id| options.only.contains(&id);
     eprintln!("lock-bench: starting redis-server processes");
     let servers = Servers::start(wants(WorkloadId::W4), wants(WorkloadId::W5))?;
@@ -102,6 +106,19 @@ fn run(options: &Options) -> BenchResult<()> {
     Ok(())
 }
 
+/// The leak soak on a server of its own; no table.
+fn run_soak(length: Duration) -> BenchResult<()> {
+    eprintln!("lock-bench: starting redis-server");
+    let servers = Servers::start(false, false)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let soaked = runtime.block_on(soak::run(&servers.single.url(), length));
+    drop(runtime);
+    drop(servers);
+    soaked
+}
+
 /// Describes the machine and runs every selected workload.
 async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
     let url = servers.single.url();
@@ -117,9 +134,9 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         url,
         redlock_urls: servers.redlock_urls(),
         hold_url: servers.hold.as_ref().map(|s| s.url()),
-        hold_addr: servers.hold.as_ref().map(|s| s.addr()),
         w5_seconds: options.w5_seconds,
         w5_locks: options.w5_locks,
+        w5_ttl: options.w5_ttl,
         impls: options.impls.clone(),
     };
     let mut results = Vec::new();

@@ -105,12 +105,12 @@ pub struct Context {
     pub redlock_urls: Vec<String>,
     /// W5's own server.
     pub hold_url: Option<String>,
-    /// W5's server's address, for `MONITOR`.
-    pub hold_addr: Option<std::net::SocketAddr>,
     /// How long W5 holds its locks.
     pub w5_seconds: Duration,
     /// How many locks W5 holds.
     pub w5_locks: usize,
+    /// The ttl of W5's locks.
+    pub w5_ttl: Duration,
     /// The rows [`measure_rows`] runs (others are left out of the table).
     pub impls: Vec<Impl>,
 }

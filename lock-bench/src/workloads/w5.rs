@@ -1,64 +1,63 @@
-//! W5: hold 10,000 locks at once with renewal (ttl 3 s) for 30 s.
+//! W5: hold many locks at once with renewal (by default 10,000 with a 3 s
+//! ttl for 30 s; `--w5-locks`, `--w5-ttl`, `--w5-seconds`).
 //!
-//! Figures: locks lost (must be 0); renewal commands sent per second,
-//! counted by a `MONITOR` connection during the hold (every command a client
-//! sends then is renewal traffic, since the bench sends nothing else;
-//! `INFO commandstats` would also count the `GET`/`PTTL`/`PEXPIRE` calls run inside
-//! scripts, which are not sent); socket reads per second from `INFO stats`
-//! (`total_reads_processed`, about the round trips); client CPU over the
-//! hold, from `/proc/self/stat`; resident memory per held lock, from `VmRSS`
-//! before taking the locks and while holding them.
+//! Figures: locks lost (must be 0); renewal script calls per second, from
+//! the deltas of `INFO commandstats` over the hold (the bench sends nothing
+//! else then, so every `EVALSHA` is the heartbeat's; the `GET`/`PTTL`/`PEXPIRE`
+//! calls that commandstats also counts ran inside those scripts and are
+//! listed apart; `MONITOR`, used before, made the server echo every one of
+//! them and was a load of its own); socket reads per second from
+//! `INFO stats` (`total_reads_processed`, about the round trips); client CPU
+//! over the hold, from `/proc/self/stat`; resident memory per held lock,
+//! from `VmRSS` before taking the locks and while holding them.
 
 use super::{Context, WorkloadId, progress};
 use crate::contenders::{Impl, LOCK_CORE_PREFIX, Locker};
 use crate::error::{BenchResult, fail};
 use crate::report::{Row, WorkloadResult};
-use crate::servers::{Monitor, connect, info};
+use crate::servers::{command_calls, connect, info};
 use crate::sysinfo::{cpu_time, rss_bytes};
 use futures::StreamExt;
 use lock_core::{LockClient, LockGuard, LockOptions};
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-
-/// The lease length of W5.
-const TTL: Duration = Duration::from_secs(3);
 
 /// Acquisitions and releases in flight at once.
 const IN_FLIGHT: usize = 256;
 
 /// Runs W5 on its own server.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
-    let (Some(url), Some(addr)) = (ctx.hold_url.clone(), ctx.hold_addr) else {
+    let Some(url) = ctx.hold_url.clone() else {
         return Err(fail("W5 needs its server"));
     };
     progress(WorkloadId::W5, Impl::Guard);
-    let row = hold(ctx, &url, addr).await?;
+    let row = hold(ctx, &url).await?;
     Ok(WorkloadResult {
         id: WorkloadId::W5,
         title: "hold many locks at once with renewal",
         params: format!(
-            "{} locks, ttl {}s, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time; \
+            "{} locks, ttl {} s, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time; \
              rate = server commands/s during the hold (a heartbeat per lock would send \
-             {:.0}/s), counted with MONITOR; cpu = client CPU time / hold time; \
+             {:.0}/s), from INFO commandstats; cpu = client CPU time / hold time; \
              B/lock = VmRSS growth / locks",
             ctx.w5_locks,
-            TTL.as_secs(),
+            ctx.w5_ttl.as_secs_f64(),
             ctx.w5_seconds.as_secs_f64(),
-            ctx.w5_locks as f64 / (TTL.as_secs_f64() / 3.0)
+            ctx.w5_locks as f64 / (ctx.w5_ttl.as_secs_f64() / 3.0)
         ),
         rows: vec![row],
     })
 }
 
 /// Takes the locks, holds them, measures, releases them.
-async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
+async fn hold(ctx: &Context, url: &str) -> BenchResult<Row> {
     let locker = Locker::connect(Impl::Guard, &[url.to_owned()]).await?;
     let client = locker
         .lock_core()
         .ok_or_else(|| fail("W5 needs a lock-core client"))?
         .clone();
     let mut admin = connect(url).await?;
-    let options = LockOptions::new(TTL).wait(Duration::from_secs(30));
+    let options = LockOptions::new(ctx.w5_ttl).wait(Duration::from_secs(30));
 
     // Warm up the client so the baseline includes its fixed costs.
     for i in 0..100 {
@@ -78,7 +77,7 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
     let rss_held = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
 
     let reads_before = reads_processed(&mut admin).await?;
-    let monitor = Monitor::start(addr)?;
+    let calls_before = command_calls(&mut admin).await?;
     let cpu_start = cpu_time().ok_or_else(|| fail("cannot read /proc/self/stat"))?;
     let held_since = Instant::now();
     tokio::time::sleep(ctx.w5_seconds).await;
@@ -86,7 +85,7 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
     let cpu = cpu_time()
         .ok_or_else(|| fail("cannot read /proc/self/stat"))?
         .saturating_sub(cpu_start);
-    let counts = monitor.stop()?;
+    let calls = calls_since(&calls_before, command_calls(&mut admin).await?);
     let reads = reads_processed(&mut admin)
         .await?
         .saturating_sub(reads_before);
@@ -102,12 +101,11 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
         .await;
     let not_ours = released.iter().filter(|r| !matches!(r, Ok(true))).count();
 
-    let renewal: Vec<(&String, &u64)> = counts
-        .sent
+    let (sent, in_scripts): (Vec<Calls<'_>>, Vec<Calls<'_>>) = calls
         .iter()
         .filter(|(command, _)| !is_admin(command))
-        .collect();
-    let renewal_calls: u64 = renewal.iter().map(|(_, n)| **n).sum();
+        .partition(|(command, _)| is_script_call(command));
+    let renewal_calls: u64 = sent.iter().map(|(_, n)| **n).sum();
     let seconds = held_for.as_secs_f64();
     let mut row = Row::new(Impl::Guard, "renewal cmds");
     row.rate = Some(renewal_calls as f64 / seconds);
@@ -129,8 +127,8 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
     row.note = format!(
         "sent {}; run inside scripts {}; {:.1} socket reads/s; {heartbeats} heartbeats; \
          {stored} keys under {}; taken in {:.2} s; {not_ours} releases found the lock gone{}",
-        list(&mut renewal.iter().copied()),
-        list(&mut counts.in_scripts.iter()),
+        list(&mut sent.iter().copied()),
+        list(&mut in_scripts.iter().copied()),
         reads as f64 / seconds,
         LOCK_CORE_PREFIX,
         took.as_secs_f64(),
@@ -138,6 +136,9 @@ async fn hold(ctx: &Context, url: &str, addr: SocketAddr) -> BenchResult<Row> {
     );
     Ok(row)
 }
+
+/// A command's name and how many times it ran.
+type Calls<'a> = (&'a String, &'a u64);
 
 /// What taking W5's locks gave.
 struct Taken {
@@ -190,6 +191,34 @@ async fn reads_processed(admin: &mut redis::aio::MultiplexedConnection) -> Bench
         .unwrap_or(0))
 }
 
+/// How many more times each command ran in `after` than in `before`; the
+/// commands that did not run are left out.
+fn calls_since(
+    before: &BTreeMap<String, u64>,
+    after: BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .into_iter()
+        .map(|(command, n)| {
+            let more = n.saturating_sub(before.get(&command).copied().unwrap_or(0));
+            (command, more)
+        })
+        .filter(|(_, more)| *more > 0)
+        .collect()
+}
+
+/// A command a client sends: a script call, as the heartbeat sends them, or
+/// one of a connection's own (loading the scripts, a reconnect's handshake).
+/// The others are those run inside scripts, which commandstats counts too,
+/// under their own names.
+fn is_script_call(command: &str) -> bool {
+    [
+        "eval", "script|", "client|", "hello", "auth", "select", "ping",
+    ]
+    .iter()
+    .any(|sent| command.starts_with(sent))
+}
+
 /// The bench's own commands to the server, not renewal traffic.
 fn is_admin(command: &str) -> bool {
     ["info", "config", "dbsize", "monitor"]
@@ -207,5 +236,21 @@ mod tests {
         assert!(is_admin("config|resetstat"));
         assert!(!is_admin("evalsha"));
         assert!(!is_admin("pexpire"));
+    }
+
+    #[test]
+    fn calls_since_counts_only_what_ran_meanwhile() {
+        let before = BTreeMap::from([("evalsha".to_owned(), 10), ("get".to_owned(), 4)]);
+        let after = BTreeMap::from([
+            ("evalsha".to_owned(), 25),
+            ("get".to_owned(), 4),
+            ("pexpire".to_owned(), 3),
+        ]);
+        let since = calls_since(&before, after);
+        assert_eq!(since.get("evalsha"), Some(&15));
+        assert_eq!(since.get("pexpire"), Some(&3));
+        assert!(!since.contains_key("get"));
+        assert!(is_script_call("evalsha") && is_script_call("script|load"));
+        assert!(!is_script_call("pexpire") && !is_script_call("get"));
     }
 }
