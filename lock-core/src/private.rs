@@ -53,6 +53,9 @@ pub struct Attr {
     pub mode: Mode,
     /// `permits = N` (never with `Mode::Shared`).
     pub permits: Option<u32>,
+    /// The key template as written (`keys = [..]`: the templates joined by
+    /// `,`), the `template` label of the lock's metrics.
+    pub label: &'static str,
 }
 
 impl Attr {
@@ -67,12 +70,14 @@ impl Attr {
         max_hold: None,
         mode: Mode::Exclusive,
         permits: None,
+        label: LockOptions::UNLABELLED,
     };
 
     fn options(&self, client: &LockClient) -> LockOptions {
         let mut options = LockOptions::new(self.ttl.unwrap_or_else(|| client.default_ttl()))
             .renew(self.renew)
-            .fencing(self.fencing);
+            .fencing(self.fencing)
+            .label(self.label);
         if let Some(wait) = self.wait {
             options = options.wait(wait);
         }
