@@ -71,6 +71,7 @@ impl LockClient {
             ttl,
             renew: options.renew,
             holds: options.holds,
+            label: options.label,
             started,
             deadline,
             call_bound,
@@ -315,6 +316,8 @@ pub(crate) struct Request<'k> {
     pub(crate) ttl: Duration,
     pub(crate) renew: bool,
     holds: HoldLimits,
+    /// The metrics label of the lease.
+    label: &'static str,
     pub(crate) started: Instant,
     /// When the wait runs out: no attempt starts later.
     pub(crate) deadline: Instant,
@@ -386,6 +389,7 @@ impl Request<'_> {
             valid_until,
             self.holds,
         )
+        .labelled(self.label)
     }
 }
 

@@ -126,6 +126,10 @@ impl LockClient {
         );
         let attempts = AtomicU32::new(0);
         let started = Instant::now();
+        let label = options.label;
+        // Counted while the acquisition is under way; dropped with it, even
+        // when the caller drops this future while it waits.
+        let _waiting = observe::Waiting::start(label);
         let acquired = async {
             match options.mode {
                 Mode::Exclusive => self.acquire(key, options, &attempts).await,
@@ -140,6 +144,7 @@ impl LockClient {
             result.as_ref().map(drop),
             attempts.load(Ordering::Relaxed),
             started,
+            label,
         );
         result
     }
@@ -192,6 +197,8 @@ impl LockClient {
         );
         let attempts = AtomicU32::new(0);
         let started = Instant::now();
+        let label = options.label;
+        let _waiting = observe::Waiting::start(label);
         let result = self
             .acquire_several(&keys, options, &attempts)
             .instrument(span.clone())
@@ -201,6 +208,7 @@ impl LockClient {
             result.as_ref().map(drop),
             attempts.load(Ordering::Relaxed),
             started,
+            label,
         );
         result
     }

@@ -107,6 +107,7 @@ impl LockGuard {
         renewal: Renewal,
         place: Place,
     ) -> LockGuard {
+        lease.held.up();
         let heartbeat = match renewal {
             Renewal::From(due) => Some(client.heartbeat.join(&client.backend, lease.clone(), due)),
             Renewal::Off => None,
@@ -328,7 +329,7 @@ impl LockGuard {
                     // This guard's lease is over; waiters still watching it
                     // must not take its validity deadline for a loss.
                     lease.retire();
-                    observe::released(self.key(), lease.acquired(), true);
+                    observe::released(self.key(), lease.acquired(), true, lease.held.label());
                     return Ok(true);
                 }
                 Next::NotFirst => {
@@ -353,7 +354,7 @@ impl LockGuard {
         self.stage = Stage::Done;
         lease.retire();
         if let Ok(owned) = result {
-            observe::released(self.key(), lease.acquired(), owned);
+            observe::released(self.key(), lease.acquired(), owned, lease.held.label());
         }
         // After the release: the next task of this process finds the key
         // free in Redis (unless another process was quicker).
@@ -392,7 +393,7 @@ impl LockGuard {
                 self.stage = Stage::Done;
                 self.place = Place::Nowhere;
                 lease.retire();
-                observe::released(self.key(), lease.acquired(), true);
+                observe::released(self.key(), lease.acquired(), true, lease.held.label());
                 return Ok(());
             }
             Next::NotFirst => {
@@ -412,7 +413,7 @@ impl LockGuard {
         self.stage = Stage::Done;
         lease.retire();
         if sent.is_ok() {
-            observe::released(self.key(), lease.acquired(), owned);
+            observe::released(self.key(), lease.acquired(), owned, lease.held.label());
         }
         self.leave_queue(spent);
         sent.map_err(|e| e.with_key(self.key()))
@@ -478,7 +479,12 @@ impl Drop for LockGuard {
             Stage::Releasing { spent } => {
                 let owned = !self.lease.is_lost();
                 self.release_in_background();
-                observe::released(self.key(), self.lease.acquired(), owned);
+                observe::released(
+                    self.key(),
+                    self.lease.acquired(),
+                    owned,
+                    self.lease.held.label(),
+                );
                 spent
             }
             // The enclosing body owns the lease and releases it.
@@ -508,7 +514,12 @@ impl LockGuard {
         if release {
             self.release_in_background();
         }
-        observe::released(self.key(), self.lease.acquired(), owned);
+        observe::released(
+            self.key(),
+            self.lease.acquired(),
+            owned,
+            self.lease.held.label(),
+        );
         spent
     }
 

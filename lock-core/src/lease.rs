@@ -157,6 +157,8 @@ pub(crate) struct Lease {
     /// heartbeat takes it with `try_acquire` and holds it through a round.
     pub(crate) renewing: tokio::sync::Semaphore,
     pub(crate) scope: Scope,
+    /// Its `template` label, and its place in the `lock_core_held` gauge.
+    pub(crate) held: observe::Held,
 }
 
 /// The instants a lease's hold limits fall on.
@@ -219,7 +221,14 @@ impl Lease {
             holds,
             renewing: tokio::sync::Semaphore::new(1),
             scope: Scope::One,
+            held: observe::Held::new(observe::UNLABELLED),
         }
+    }
+
+    /// The same lease, labelled `label` in metrics.
+    pub(crate) fn labelled(mut self, label: &'static str) -> Lease {
+        self.held = observe::Held::new(label);
+        self
     }
 
     /// The same lease, holding `scope`.
@@ -303,6 +312,8 @@ impl Lease {
     /// The lock is lost while held, for `reason`: signalled once, and
     /// logged.
     pub(crate) fn mark_lost(&self, reason: &'static str) {
+        // Lost is not held, though the guard lives on until dropped.
+        self.held.down();
         if !self.lost.swap(true, Ordering::AcqRel) {
             observe::lost(self.key(), reason);
             self.lost_notify.notify_waiters();
@@ -311,6 +322,7 @@ impl Lease {
 
     /// The guard let go: nothing is held any more, nothing went wrong.
     pub(crate) fn retire(&self) {
+        self.held.down();
         if !self.lost.swap(true, Ordering::AcqRel) {
             self.lost_notify.notify_waiters();
         }

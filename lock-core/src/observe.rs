@@ -15,13 +15,29 @@
 //! `lock_core_contended_total`, `lock_core_unavailable_total`,
 //! `lock_core_lost_total`, `lock_core_released_total`, and histograms
 //! `lock_core_wait_seconds` (acquisitions, successful or not) and
-//! `lock_core_hold_seconds` (from acquisition to release). No metric carries
-//! the key as a label: keys like `order:{id}` would make one series per
-//! order.
+//! `lock_core_hold_seconds` (from acquisition to release), and gauges
+//! `lock_core_held` (locks held through a guard of this process: up at
+//! acquisition, down at release, drop or loss, whichever comes first) and
+//! `lock_core_waiting` (acquisitions under way: waiting for the lock or for
+//! Redis's answer; down when they end, however they end, a dropped future
+//! included). The histograms and gauges carry one label, `template`: the
+//! attribute's key template as written (`order:{order_id}`; for
+//! `keys = [..]`, the templates joined by `,`), or what
+//! [`LockOptions::label`](crate::LockOptions::label) gave; `unlabelled`
+//! ([`LockOptions::UNLABELLED`](crate::LockOptions::UNLABELLED)) for a
+//! guard-API lock without one. No metric carries the
+//! rendered key: keys like `order:42` would make one series per order. A
+//! re-entry counts in none of them.
 
 use crate::error::{ErrorKind, LockError};
+#[cfg(feature = "metrics")]
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The `template` label of a guard-API lock taken without
+/// [`LockOptions::label`](crate::LockOptions::label).
+pub(crate) const UNLABELLED: &str = "unlabelled";
 
 /// How an acquisition ended, for the span and the counters.
 pub(crate) fn acquisition(
@@ -29,6 +45,7 @@ pub(crate) fn acquisition(
     result: Result<(), &LockError>,
     attempts: u32,
     started: Instant,
+    label: &'static str,
 ) {
     // The clock is read only when something will use the figure.
     if span.is_disabled() && !cfg!(feature = "metrics") {
@@ -47,6 +64,8 @@ pub(crate) fn acquisition(
     span.record("attempts", attempts);
     span.record("waited_ms", millis(waited));
     span.record("outcome", outcome);
+    #[cfg(not(feature = "metrics"))]
+    let _ = label;
     #[cfg(feature = "metrics")]
     {
         let counter = match outcome {
@@ -58,7 +77,8 @@ pub(crate) fn acquisition(
         if let Some(counter) = counter {
             metrics::counter!(counter).increment(1);
         }
-        metrics::histogram!("lock_core_wait_seconds").record(waited.as_secs_f64());
+        metrics::histogram!("lock_core_wait_seconds", "template" => label)
+            .record(waited.as_secs_f64());
     }
 }
 
@@ -118,7 +138,7 @@ pub(crate) fn reentered(key: &str) {
 }
 
 /// A lock let go of after `held`; `owned`: it was still ours.
-pub(crate) fn released(key: &str, acquired: Instant, owned: bool) {
+pub(crate) fn released(key: &str, acquired: Instant, owned: bool, label: &'static str) {
     // Field values are computed only when the event is enabled.
     tracing::debug!(
         key,
@@ -129,7 +149,100 @@ pub(crate) fn released(key: &str, acquired: Instant, owned: bool) {
     #[cfg(feature = "metrics")]
     {
         metrics::counter!("lock_core_released_total").increment(1);
-        metrics::histogram!("lock_core_hold_seconds").record(acquired.elapsed().as_secs_f64());
+        metrics::histogram!("lock_core_hold_seconds", "template" => label)
+            .record(acquired.elapsed().as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = label;
+}
+
+/// An acquisition under way, counted in `lock_core_waiting` until it is
+/// dropped: when the acquisition ends, and when its future is dropped
+/// while it waits. Without the `metrics` feature it is nothing.
+pub(crate) struct Waiting {
+    #[cfg(feature = "metrics")]
+    label: &'static str,
+}
+
+impl Waiting {
+    pub(crate) fn start(label: &'static str) -> Waiting {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("lock_core_waiting", "template" => label).increment(1.0);
+            Waiting { label }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = label;
+            Waiting {}
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        metrics::gauge!("lock_core_waiting", "template" => self.label).decrement(1.0);
+    }
+}
+
+/// A lease's place in `lock_core_held`: counted from [`up`](Self::up) (its
+/// guard made) to the first [`down`](Self::down) (released, handed on,
+/// dropped or lost), each at most once, in whatever order they come.
+pub(crate) struct Held {
+    /// Only with metrics: without, a lease (a million of them, in some
+    /// processes) carries nothing for them.
+    #[cfg(feature = "metrics")]
+    label: &'static str,
+    /// Not yet counted, counted, or done.
+    #[cfg(feature = "metrics")]
+    state: AtomicU8,
+}
+
+#[cfg(feature = "metrics")]
+const NOT_COUNTED: u8 = 0;
+#[cfg(feature = "metrics")]
+const COUNTED: u8 = 1;
+#[cfg(feature = "metrics")]
+const DONE: u8 = 2;
+
+impl Held {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(label: &'static str) -> Held {
+        Held {
+            #[cfg(feature = "metrics")]
+            label,
+            #[cfg(feature = "metrics")]
+            state: AtomicU8::new(NOT_COUNTED),
+        }
+    }
+
+    /// The `template` label ("" without metrics, where nothing reads it).
+    pub(crate) fn label(&self) -> &'static str {
+        #[cfg(feature = "metrics")]
+        return self.label;
+        #[cfg(not(feature = "metrics"))]
+        ""
+    }
+
+    /// The guard is made: counted, unless the lease is over already.
+    pub(crate) fn up(&self) {
+        #[cfg(feature = "metrics")]
+        if self
+            .state
+            .compare_exchange(NOT_COUNTED, COUNTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            metrics::gauge!("lock_core_held", "template" => self.label).increment(1.0);
+        }
+    }
+
+    /// The lease is over: no longer counted, and never again.
+    pub(crate) fn down(&self) {
+        #[cfg(feature = "metrics")]
+        if self.state.swap(DONE, Ordering::AcqRel) == COUNTED {
+            metrics::gauge!("lock_core_held", "template" => self.label).decrement(1.0);
+        }
     }
 }
 

@@ -25,6 +25,7 @@ pub struct LockOptions {
     pub(crate) fencing: bool,
     pub(crate) holds: HoldLimits,
     pub(crate) mode: Mode,
+    pub(crate) label: &'static str,
 }
 
 /// How many holders a key admits at once.
@@ -49,7 +50,36 @@ impl LockOptions {
             fencing: false,
             holds: HoldLimits::default(),
             mode: Mode::Exclusive,
+            label: LockOptions::UNLABELLED,
         }
+    }
+
+    /// The `template` label of a lock taken without [`label`](Self::label).
+    pub const UNLABELLED: &'static str = crate::observe::UNLABELLED;
+
+    /// The `template` label of this lock's metrics (with lock-core's
+    /// `metrics` feature; see the crate docs): the `held` and `waiting`
+    /// gauges and the wait and hold histograms. Name the kind of lock, not
+    /// the lock: `"order:{id}"` or `"nightly-report"`, never a rendered
+    /// key like `"order:42"`, which would make one series per order. Without
+    /// it the label is [`UNLABELLED`](Self::UNLABELLED). The attribute sets
+    /// its key template.
+    ///
+    /// ```
+    /// use lock_core::LockOptions;
+    /// use std::time::Duration;
+    ///
+    /// let opts = LockOptions::new(Duration::from_secs(30)).label("order:{id}");
+    /// assert_eq!(opts.metrics_label(), "order:{id}");
+    /// ```
+    pub fn label(mut self, label: &'static str) -> LockOptions {
+        self.label = label;
+        self
+    }
+
+    /// The `template` label of this lock's metrics (see [`label`](Self::label)).
+    pub fn metrics_label(&self) -> &'static str {
+        self.label
     }
 
     /// How long [`LockClient::lock_with`](crate::LockClient::lock_with) may wait for the lock.

@@ -2,7 +2,7 @@
 //! code the attribute generates may call it, and it changes without notice.
 
 use crate::error::LockError;
-use crate::global::global_client;
+use crate::global::DefaultClient;
 use crate::guard::LockGuard;
 use crate::options::LockOptions;
 use crate::state::LockClient;
@@ -53,6 +53,9 @@ pub struct Attr {
     pub mode: Mode,
     /// `permits = N` (never with `Mode::Shared`).
     pub permits: Option<u32>,
+    /// The key template as written (`keys = [..]`: the templates joined by
+    /// `,`), the `template` label of the lock's metrics.
+    pub label: &'static str,
 }
 
 impl Attr {
@@ -67,12 +70,14 @@ impl Attr {
         max_hold: None,
         mode: Mode::Exclusive,
         permits: None,
+        label: LockOptions::UNLABELLED,
     };
 
     fn options(&self, client: &LockClient) -> LockOptions {
         let mut options = LockOptions::new(self.ttl.unwrap_or_else(|| client.default_ttl()))
             .renew(self.renew)
-            .fencing(self.fencing);
+            .fencing(self.fencing)
+            .label(self.label);
         if let Some(wait) = self.wait {
             options = options.wait(wait);
         }
@@ -134,9 +139,32 @@ pub fn client<C: AsLockClient + ?Sized>(client: &C) -> Result<&LockClient, LockE
     Ok(client.as_lock_client())
 }
 
-/// The process-wide client, for an attribute without `client = ..`.
-pub fn global() -> Result<&'static LockClient, LockError> {
-    global_client()
+/// Where [`run`] gets its client: `client = ..` (a reference), or the
+/// default in effect ([`global`]). Apart from [`AsLockClient`] so that a
+/// wrong `client = ..` type is told only what it may be.
+pub trait ClientSource {
+    /// The client.
+    fn lock_client(&self) -> &LockClient;
+}
+
+impl ClientSource for &LockClient {
+    fn lock_client(&self) -> &LockClient {
+        self
+    }
+}
+
+impl ClientSource for DefaultClient {
+    fn lock_client(&self) -> &LockClient {
+        self.get()
+    }
+}
+
+/// The client for an attribute without `client = ..`: the innermost
+/// [`with_default_client`](crate::with_default_client) scope's, this
+/// thread's [`set_default_client`](crate::set_default_client)'s, or the
+/// process-wide one.
+pub fn global() -> Result<DefaultClient, LockError> {
+    DefaultClient::in_effect()
 }
 
 /// The error conversion every annotated function's error type must offer.
@@ -207,18 +235,19 @@ impl<T, E> LockResult for Result<T, E> {
 /// Nested in a body of this task that holds `key` through the same client,
 /// `lock_with` re-enters: the body runs under the outer lease, is aborted
 /// when that lease is lost, and the release at its end sends nothing.
-pub async fn run<T, E, F>(
-    client: Result<&LockClient, LockError>,
+pub async fn run<C, T, E, F>(
+    client: Result<C, LockError>,
     key: String,
     attr: Attr,
     body: F,
 ) -> Result<T, E>
 where
+    C: ClientSource,
     E: FromLockError,
     F: Future<Output = Result<T, E>>,
 {
     let client = match client {
-        Ok(client) => client,
+        Ok(ref client) => client.lock_client(),
         Err(e) => return Err(E::from_lock_error(e.with_key(key))),
     };
     let guard = match client.lock_with(&key, attr.options(client)).await {
@@ -231,18 +260,19 @@ where
 
 /// [`run`] for `keys = [..]`: holds every key at once (see
 /// [`LockClient::lock_all`]) while `body` runs.
-pub async fn run_all<T, E, F>(
-    client: Result<&LockClient, LockError>,
+pub async fn run_all<C, T, E, F>(
+    client: Result<C, LockError>,
     keys: Vec<String>,
     attr: Attr,
     body: F,
 ) -> Result<T, E>
 where
+    C: ClientSource,
     E: FromLockError,
     F: Future<Output = Result<T, E>>,
 {
     let client = match client {
-        Ok(client) => client,
+        Ok(ref client) => client.lock_client(),
         Err(e) => {
             let e = match keys.first() {
                 Some(key) => e.with_key(key.clone()),

@@ -49,6 +49,7 @@ use syn::spanned::Spanned;
 ///             __lock_attr_key,
 ///             ::lock_core::__private::Attr {
 ///                 ttl: ::core::option::Option::Some(::core::time::Duration::from_millis(30000u64)),
+///                 label: "order:{order_id}",
 ///                 ..::lock_core::__private::Attr::DEFAULT
 ///             },
 ///             async move {
@@ -254,14 +255,42 @@ fn attr(lock: &Lock<'_>) -> TokenStream {
     if let Some(permits) = lock.permits {
         fields.push(quote! { permits: ::core::option::Option::Some(#permits) });
     }
-    if fields.is_empty() {
-        return quote! { #krate::__private::Attr::DEFAULT };
-    }
+    let label = LitStr::new(&label(&lock.keys), Span::call_site());
+    fields.push(quote! { label: #label });
     quote! {
         #krate::__private::Attr {
             #(#fields,)*
             ..#krate::__private::Attr::DEFAULT
         }
+    }
+}
+
+/// The metrics label: the key template as written, `{{`/`}}` escapes
+/// included; for `keys = [..]`, the templates joined by `,`. Known at
+/// compile time, so a lock's series are as many as its templates, whatever
+/// the values.
+fn label(keys: &KeySet) -> String {
+    let template = |key: &Key| {
+        let mut text = String::new();
+        for part in &key.parts {
+            match part {
+                KeyPart::Text(t) => text.push_str(&t.replace('{', "{{").replace('}', "}}")),
+                KeyPart::Value { root, fields } => {
+                    text.push('{');
+                    text.push_str(&root.to_string());
+                    for field in fields {
+                        text.push('.');
+                        text.push_str(&field.to_token_stream().to_string());
+                    }
+                    text.push('}');
+                }
+            }
+        }
+        text
+    };
+    match keys {
+        KeySet::One(key) => template(key),
+        KeySet::All(keys) => keys.iter().map(template).collect::<Vec<_>>().join(","),
     }
 }
 
@@ -355,6 +384,7 @@ mod tests {
             "allow",
             "unreachable_code",
             "move",
+            "label",
             // The text of the format string.
             "order",
         ];
@@ -439,6 +469,26 @@ mod tests {
             "{permits}"
         );
         assert!(!permits.contains("mode"), "{permits}");
+    }
+
+    #[test]
+    fn the_label_is_the_template_as_written() {
+        let one = expand_str(
+            quote!(key = "order:{order.id}:{{raw}}"),
+            quote! { async fn f(order: Order) -> Result<(), E> { Ok(()) } },
+        );
+        assert!(
+            one.contains("label : \"order:{order.id}:{{raw}}\""),
+            "{one}"
+        );
+        let all = expand_str(
+            quote!(keys = ["account:{to}", "account:{from}"]),
+            quote! { async fn transfer(from: u64, to: u64) -> Result<(), E> { Ok(()) } },
+        );
+        assert!(
+            all.contains("label : \"account:{to},account:{from}\""),
+            "{all}"
+        );
     }
 
     #[test]
