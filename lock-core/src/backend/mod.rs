@@ -66,8 +66,13 @@ pub(crate) enum Attempt {
     Granted { fence: Option<u64> },
     /// Someone else holds it; `left`: how long its lease has left, when
     /// the attempt learnt it (every attempt but a first one without
-    /// fencing).
-    Busy { left: Option<Duration> },
+    /// fencing); `foreign`: its value is not one of ours (another library
+    /// holds it, whose release publishes nothing), when the attempt learnt
+    /// it (as `left`).
+    Busy {
+        left: Option<Duration>,
+        foreign: bool,
+    },
 }
 
 /// The keys one lock touches; they share a hash slot.
