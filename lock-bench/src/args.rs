@@ -3,6 +3,7 @@
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
 use crate::workloads::WorkloadId;
+use crate::workloads::w7::HOLDER_FLAG;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,11 +17,12 @@ USAGE:
 OPTIONS:
     --seconds N       measured time per row, in seconds (default 5)
     --only LIST       workloads to run, comma-separated:
-                      W1,W2,W3,W3p,W4,W5,W6,W8,W9 (default: all)
+                      W1,W2,W3,W3p,W4,W5,W6,W7,W8,W9 (default: all)
     --out DIR         where the CSV, JSON and text copies of the table go
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
     --w5-locks N      how many locks W5 holds (default 10000)
+    --w7-rounds N     takeovers per W7 row (default 30)
     --impls LIST      rows of W1, W2, W4 and W8 to run, comma-separated: floor,
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
@@ -45,6 +47,22 @@ pub struct Options {
     pub w5_locks: usize,
     /// The rows the throughput workloads (W1, W2, W4, W8) run.
     pub impls: Vec<Impl>,
+    /// Takeovers per W7 row.
+    pub w7_rounds: usize,
+}
+
+/// Arguments of the hidden holder mode (a W7 child process, killed while
+/// it holds the lock).
+#[derive(Clone, Debug)]
+pub struct HolderArgs {
+    /// Which implementation takes the lock (`minimum`, `guard`, `rslock`).
+    pub implementation: String,
+    /// The Redis server.
+    pub url: String,
+    /// The lock's key, as the implementation names it.
+    pub key: String,
+    /// The lease.
+    pub ttl: Duration,
 }
 
 /// Arguments of the hidden worker mode (a W3p child process).
@@ -70,6 +88,8 @@ pub enum Command {
     Run(Options),
     /// A W3p child process, started by the bench itself.
     Worker(WorkerArgs),
+    /// A W7 holder process, started (and killed) by the bench itself.
+    Holder(HolderArgs),
     /// Print [`USAGE`].
     Help,
 }
@@ -87,6 +107,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         w5_seconds: Duration::from_secs(30),
         w5_locks: 10_000,
         impls: Impl::ALL.to_vec(),
+        w7_rounds: 30,
     };
     let mut worker: Option<WorkerArgs> = None;
     while let Some(arg) = args.next() {
@@ -99,6 +120,18 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--seconds" => options.seconds = seconds(&value("--seconds")?)?,
             "--w5-seconds" => options.w5_seconds = seconds(&value("--w5-seconds")?)?,
             "--w5-locks" => options.w5_locks = count(&value("--w5-locks")?)?,
+            "--w7-rounds" => options.w7_rounds = count(&value("--w7-rounds")?)?,
+            HOLDER_FLAG => {
+                let mut next = || value(HOLDER_FLAG);
+                let (implementation, url, key) = (next()?, next()?, next()?);
+                let ttl = Duration::from_millis(u64::try_from(count(&next()?)?)?);
+                return Ok(Command::Holder(HolderArgs {
+                    implementation,
+                    url,
+                    key,
+                    ttl,
+                }));
+            }
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
             "--impls" => options.impls = impls(&value("--impls")?)?,
@@ -164,7 +197,7 @@ fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
         WorkloadId::parse,
         "--only",
         "workload",
-        "W1, W2, W3, W3p, W4, W5, W6, W8 or W9",
+        "W1, W2, W3, W3p, W4, W5, W6, W7, W8 or W9",
     )
 }
 
@@ -258,13 +291,37 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        assert!(parse_strs(&["--only", "W7"]).is_err());
+        assert!(parse_strs(&["--only", "W10"]).is_err());
+        assert!(parse_strs(&["--w7-rounds", "0"]).is_err());
+        assert!(parse_strs(&["--w7-holder", "guard", "redis://x"]).is_err());
         assert!(parse_strs(&["--seconds", "0"]).is_err());
         assert!(parse_strs(&["--seconds"]).is_err());
         assert!(parse_strs(&["--url", "x"]).is_err());
         assert!(parse_strs(&["--frobnicate"]).is_err());
         assert!(parse_strs(&["--impls", "redlock"]).is_err());
         assert!(parse_strs(&["--impls", ","]).is_err());
+    }
+
+    #[test]
+    fn w7_is_a_workload_with_rounds() {
+        let Ok(Command::Run(options)) = parse_strs(&["--only", "w7,W1", "--w7-rounds", "5"]) else {
+            panic!("valid arguments");
+        };
+        assert_eq!(options.only, vec![WorkloadId::W1, WorkloadId::W7]);
+        assert_eq!(options.w7_rounds, 5);
+    }
+
+    #[test]
+    fn holder_mode_is_parsed() {
+        let Ok(Command::Holder(h)) =
+            parse_strs(&["--w7-holder", "rslock", "redis://127.0.0.1:1", "k", "400"])
+        else {
+            panic!("holder arguments");
+        };
+        assert_eq!(
+            (h.implementation.as_str(), h.key.as_str(), h.ttl),
+            ("rslock", "k", Duration::from_millis(400))
+        );
     }
 
     #[test]
