@@ -55,13 +55,7 @@ macro_rules! lock_commands {
                             async move {
                                 let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
                                 if ok.is_none() {
-                                    return Ok((
-                                        Attempt::Busy {
-                                            left: None,
-                                            foreign: false,
-                                        },
-                                        None,
-                                    ));
+                                    return Ok((Attempt::HELD, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: None }, short))
@@ -80,13 +74,7 @@ macro_rules! lock_commands {
                             async move {
                                 let fence: u64 = inv.invoke(&mut conn).await?;
                                 if fence == 0 {
-                                    return Ok((
-                                        Attempt::Busy {
-                                            left: None,
-                                            foreign: false,
-                                        },
-                                        None,
-                                    ));
+                                    return Ok((Attempt::HELD, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: Some(fence) }, short))

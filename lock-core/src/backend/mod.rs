@@ -75,6 +75,15 @@ pub(crate) enum Attempt {
     },
 }
 
+impl Attempt {
+    /// Held by someone else, nothing more known (a first attempt's plain
+    /// `SET NX`, or the fencing script).
+    pub(crate) const HELD: Attempt = Attempt::Busy {
+        left: None,
+        foreign: false,
+    };
+}
+
 /// The keys one lock touches; they share a hash slot.
 pub(crate) struct LockKeys<'a> {
     pub(crate) lock: &'a str,
