@@ -2,13 +2,18 @@
 //! frees its key at its expiry, and a waiter takes it over then, not a
 //! backoff later: an attempt that finds the key held learns the holder's
 //! remaining time and comes back at that moment at the latest.
+//!
+//! A holder of another library releases with a compare-and-delete that
+//! publishes nothing: a waiter that saw its value (not a lock-core token)
+//! polls on a short cap, and takes over soon after, whatever its backoff.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use lock_core::{LockClient, LockOptions};
+use lock_testkit::RedisServer;
 use std::time::Duration;
-use support::{Backend, client_with, slow_backoff};
+use support::{Backend, client_with, slow_backoff, spawn_waiting, storage_key};
 use tokio::time::Instant;
 
 /// The crashed holder's lease.
@@ -69,4 +74,62 @@ async fn on_redlock_when_a_majority_frees() {
 async fn in_memory() {
     taken_over_at_expiry(Backend::memory(), exclusive).await;
     taken_over_at_expiry(Backend::memory(), one_permit).await;
+}
+
+/// A holder of another library: its own connection, `SET NX PX`, and a
+/// compare-and-delete without `PUBLISH`.
+async fn foreign_call<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    cmd: &redis::Cmd,
+) -> T {
+    tokio::time::timeout(Duration::from_secs(5), cmd.query_async(conn))
+        .await
+        .expect("Redis answers within 5 s")
+        .unwrap()
+}
+
+/// Rounds of a foreign holder releasing while a waiter (5 s backoff) waits:
+/// by polling alone, each round would pass with a chance of about 1 in 5.
+const FOREIGN_ROUNDS: usize = 4;
+
+#[tokio::test]
+async fn after_a_foreign_release() {
+    let server = RedisServer::start();
+    let settings = LockClient::builder()
+        .key_prefix("takeover:")
+        .backoff(slow_backoff());
+    let waiter = client_with(&server, settings).await;
+    let key = storage_key("takeover:", "job");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let cad = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+    for round in 0..FOREIGN_ROUNDS {
+        let value = format!("other-library-{round}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(&value).arg("NX").arg("PX").arg(30_000);
+        let taken: Option<String> = foreign_call(&mut conn, &set).await;
+        assert!(taken.is_some(), "the key was free");
+        let waiting = waiter.clone();
+        let wait = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(10));
+        let task = spawn_waiting(async move { waiting.lock_with("job", wait).await }).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut release = redis::cmd("EVAL");
+        release.arg(cad).arg(1).arg(&key).arg(&value);
+        let deleted: i64 = foreign_call(&mut conn, &release).await;
+        assert_eq!(deleted, 1);
+        let released = Instant::now();
+        let guard = task.await.unwrap().unwrap();
+        let lag = released.elapsed();
+        assert!(
+            lag < Duration::from_secs(1),
+            "round {round}: taken {lag:?} after the release"
+        );
+        guard.release().await.unwrap();
+    }
 }

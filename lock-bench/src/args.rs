@@ -3,6 +3,7 @@
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
 use crate::workloads::WorkloadId;
+use crate::workloads::w7::HOLDER_FLAG;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ USAGE:
 OPTIONS:
     --seconds N       measured time per row, in seconds (default 5)
     --only LIST       workloads to run, comma-separated:
-                      W1,W2,W3,W3p,W4,W5,W6,W8,W9 (default: all)
+                      W1,W2,W3,W3p,W4,W5,W6,W7,W8,W9 (default: all)
     --out DIR         where the CSV, JSON and text copies of the table go
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
@@ -25,6 +26,7 @@ OPTIONS:
     --soak N          instead of the table, run a mix of W1-W3 and the attribute
                       for N seconds and print what would grow with a leak
                       (RSS, connections, tasks, subscriptions, queued keys)
+    --w7-rounds N     takeovers per W7 row (default 30)
     --impls LIST      rows of W1, W2, W4 and W8 to run, comma-separated: floor,
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
@@ -53,6 +55,22 @@ pub struct Options {
     pub impls: Vec<Impl>,
     /// `--soak`: run the leak soak this long instead of the table.
     pub soak: Option<Duration>,
+    /// Takeovers per W7 row.
+    pub w7_rounds: usize,
+}
+
+/// Arguments of the hidden holder mode (a W7 child process, killed while
+/// it holds the lock).
+#[derive(Clone, Debug)]
+pub struct HolderArgs {
+    /// Which implementation takes the lock (`minimum`, `guard`, `rslock`).
+    pub implementation: String,
+    /// The Redis server.
+    pub url: String,
+    /// The lock's key, as the implementation names it.
+    pub key: String,
+    /// The lease.
+    pub ttl: Duration,
 }
 
 /// Arguments of the hidden worker mode (a W3p child process).
@@ -78,6 +96,8 @@ pub enum Command {
     Run(Options),
     /// A W3p child process, started by the bench itself.
     Worker(WorkerArgs),
+    /// A W7 holder process, started (and killed) by the bench itself.
+    Holder(HolderArgs),
     /// Print [`USAGE`].
     Help,
 }
@@ -97,6 +117,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         w5_ttl: Duration::from_secs(3),
         impls: Impl::ALL.to_vec(),
         soak: None,
+        w7_rounds: 30,
     };
     let mut worker: Option<WorkerArgs> = None;
     while let Some(arg) = args.next() {
@@ -111,6 +132,18 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--w5-locks" => options.w5_locks = count(&value("--w5-locks")?)?,
             "--w5-ttl" => options.w5_ttl = seconds(&value("--w5-ttl")?)?,
             "--soak" => options.soak = Some(seconds(&value("--soak")?)?),
+            "--w7-rounds" => options.w7_rounds = count(&value("--w7-rounds")?)?,
+            HOLDER_FLAG => {
+                let mut next = || value(HOLDER_FLAG);
+                let (implementation, url, key) = (next()?, next()?, next()?);
+                let ttl = Duration::from_millis(u64::try_from(count(&next()?)?)?);
+                return Ok(Command::Holder(HolderArgs {
+                    implementation,
+                    url,
+                    key,
+                    ttl,
+                }));
+            }
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
             "--impls" => options.impls = impls(&value("--impls")?)?,
@@ -176,7 +209,7 @@ fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
         WorkloadId::parse,
         "--only",
         "workload",
-        "W1, W2, W3, W3p, W4, W5, W6, W8 or W9",
+        "W1, W2, W3, W3p, W4, W5, W6, W7, W8 or W9",
     )
 }
 
@@ -270,13 +303,37 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        assert!(parse_strs(&["--only", "W7"]).is_err());
+        assert!(parse_strs(&["--only", "W10"]).is_err());
+        assert!(parse_strs(&["--w7-rounds", "0"]).is_err());
+        assert!(parse_strs(&["--w7-holder", "guard", "redis://x"]).is_err());
         assert!(parse_strs(&["--seconds", "0"]).is_err());
         assert!(parse_strs(&["--seconds"]).is_err());
         assert!(parse_strs(&["--url", "x"]).is_err());
         assert!(parse_strs(&["--frobnicate"]).is_err());
         assert!(parse_strs(&["--impls", "redlock"]).is_err());
         assert!(parse_strs(&["--impls", ","]).is_err());
+    }
+
+    #[test]
+    fn w7_is_a_workload_with_rounds() {
+        let Ok(Command::Run(options)) = parse_strs(&["--only", "w7,W1", "--w7-rounds", "5"]) else {
+            panic!("valid arguments");
+        };
+        assert_eq!(options.only, vec![WorkloadId::W1, WorkloadId::W7]);
+        assert_eq!(options.w7_rounds, 5);
+    }
+
+    #[test]
+    fn holder_mode_is_parsed() {
+        let Ok(Command::Holder(h)) =
+            parse_strs(&["--w7-holder", "rslock", "redis://127.0.0.1:1", "k", "400"])
+        else {
+            panic!("holder arguments");
+        };
+        assert_eq!(
+            (h.implementation.as_str(), h.key.as_str(), h.ttl),
+            ("rslock", "k", Duration::from_millis(400))
+        );
     }
 
     #[test]

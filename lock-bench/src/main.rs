@@ -16,8 +16,8 @@
 //!
 //! Modules: [`args`] (options), [`servers`] (the redis-server processes and
 //! admin commands), [`minimum`] (the hand-written lock), [`contenders`] (the
-//! implementations behind one interface), [`workloads`] (W1-W6, W8, W9 and
-//! their loops), [`stats`] (percentiles and merged acquisition records),
+//! implementations behind one interface), [`workloads`] (W1-W9 and
+//! their loops; W7 re-executes the bench as a holder it kills), [`stats`] (percentiles and merged acquisition records),
 //! [`sysinfo`] (`/proc`), [`report`] (table, CSV, JSON, ratios).
 //!
 //! rslock is a normal dependency, not behind a feature: its `tokio-comp`
@@ -59,6 +59,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Worker(worker) => workloads::w3p::worker(&worker),
+        Command::Holder(holder) => workloads::w7::holder(&holder),
         Command::Run(options) => run(&options),
     };
     match result {
@@ -138,6 +139,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         w5_locks: options.w5_locks,
         w5_ttl: options.w5_ttl,
         impls: options.impls.clone(),
+        w7_rounds: options.w7_rounds,
     };
     let mut results = Vec::new();
     for id in &options.only {
@@ -149,6 +151,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             WorkloadId::W4 => workloads::w4::run(&ctx).await?,
             WorkloadId::W5 => workloads::w5::run(&ctx).await?,
             WorkloadId::W6 => workloads::w6::run(&ctx).await?,
+            WorkloadId::W7 => workloads::w7::run(&ctx).await?,
             WorkloadId::W8 => workloads::w8::run(&ctx).await?,
             WorkloadId::W9 => workloads::w9::run(&ctx).await?,
         };

@@ -42,6 +42,8 @@ pub struct Row {
     pub rss_per_lock: Option<f64>,
     /// Extra time per call over the guard API, percent (W6).
     pub overhead_percent: Option<f64>,
+    /// Commands the server ran per round (W7).
+    pub commands_per_round: Option<f64>,
     /// CPU time of the bench process per cycle, µs (throughput rows): the
     /// client's cost, steadier than the rate on a shared machine.
     pub client_cpu_us: Option<f64>,
@@ -76,6 +78,7 @@ impl Row {
             cpu_percent: None,
             rss_per_lock: None,
             overhead_percent: None,
+            commands_per_round: None,
             samples: 0,
             round_rates: Vec::new(),
             client_cpu_us: None,
@@ -187,11 +190,14 @@ impl Report {
             if w.id == WorkloadId::W1 {
                 out.against_floor(w);
             }
-            if w.row(Impl::Rslock).is_some() {
+            if w.row(Impl::Rslock).is_some() && w.id != WorkloadId::W7 {
                 out.against_rslock(w);
             }
             if matches!(w.id, WorkloadId::W3 | WorkloadId::W3p) {
                 out.contended(w);
+            }
+            if w.id == WorkloadId::W7 {
+                out.takeover(w);
             }
         }
         if let Some(w3p) = self.workload(WorkloadId::W3p)
@@ -254,7 +260,7 @@ impl Report {
         let _ = writeln!(
             out,
             "{} s measured per row; rate = per second; µs columns are the cycle time \
-             (W1, W2, W4, W6, W8) or the wait for the lock (W3, W3p, W9)\n",
+             (W1, W2, W4, W6, W8), the wait for the lock (W3, W3p, W9) or the takeover lag (W7)\n",
             trim_number(self.seconds)
         );
         out.push_str(&self.table());
@@ -349,7 +355,7 @@ impl Report {
             "workload,title,params,implementation,label,rate_per_s,rate_unit,p50_us,p99_us,\
              max_us,switches_per_s,per_task_min,per_task_max,overlaps,failed,locks_lost,\
              cpu_percent,rss_per_lock_bytes,overhead_percent,client_cpu_us,server_cpu_us,\
-             samples,seconds,note\n",
+             commands_per_round,samples,seconds,note\n",
         );
         for w in &self.workloads {
             for r in &w.rows {
@@ -375,6 +381,7 @@ impl Report {
                     opt(r.overhead_percent),
                     opt(r.client_cpu_us),
                     opt(r.server_cpu_us),
+                    opt(r.commands_per_round),
                     r.samples.to_string(),
                     self.seconds.to_string(),
                     csv_text(&r.note),
@@ -428,6 +435,7 @@ impl Report {
                     ("overhead_percent", json_opt(r.overhead_percent)),
                     ("client_cpu_us", json_opt(r.client_cpu_us)),
                     ("server_cpu_us", json_opt(r.server_cpu_us)),
+                    ("commands_per_round", json_opt(r.commands_per_round)),
                     ("samples", r.samples.to_string()),
                     (
                         "round_rates_per_s",
@@ -611,6 +619,57 @@ impl Ratios {
         }
     }
 
+    /// W7: the lag of a takeover after a crash (lock-core's p50 and against
+    /// rslock's), and after releases nobody announces, with what the
+    /// polling that notices them costs.
+    fn takeover(&mut self, w: &WorkloadResult) {
+        use crate::workloads::w7::{FOREIGN, PUBLISHED, UNANNOUNCED};
+        let ms = |r: &Row| r.p50_us.map(|us| us / 1_000.0);
+        let crash = |imp| {
+            w.rows
+                .iter()
+                .find(|r| r.implementation == imp && r.label.is_none())
+        };
+        let lock_core = crash(Impl::Guard).and_then(ms);
+        self.push(
+            w.id,
+            "lock-core, crash takeover lag p50, ms".to_owned(),
+            lock_core,
+            Some(Target::AtMost(5.0)),
+        );
+        self.push(
+            w.id,
+            "rslock / lock-core, crash takeover lag p50".to_owned(),
+            div(crash(Impl::Rslock).and_then(ms), lock_core),
+            Some(Target::AtLeast(10.0)),
+        );
+        self.push(
+            w.id,
+            "minimum / lock-core, crash takeover lag p50".to_owned(),
+            div(crash(Impl::Minimum).and_then(ms), lock_core),
+            None,
+        );
+        self.push(
+            w.id,
+            format!("{FOREIGN}, lag p50, ms"),
+            w.labelled(FOREIGN).and_then(ms),
+            Some(Target::AtMost(40.0)),
+        );
+        self.push(
+            w.id,
+            format!("{UNANNOUNCED} (as before), lag p50, ms"),
+            w.labelled(UNANNOUNCED).and_then(ms),
+            None,
+        );
+        let commands = |label| w.labelled(label).and_then(|r| r.commands_per_round);
+        self.push(
+            w.id,
+            "commands per round, foreign release / own release".to_owned(),
+            div(commands(FOREIGN), commands(PUBLISHED)),
+            None,
+        );
+    }
+
     /// W3, W3p: owner switches and the longest wait against rslock's.
     fn contended(&mut self, w: &WorkloadResult) {
         let switches = |imp| w.row(imp).and_then(|r| r.switches_per_s);
@@ -715,6 +774,9 @@ fn cells(r: &Row) -> Vec<String> {
     }
     if let Some(pct) = r.overhead_percent {
         other.push(format!("overhead {pct:+.2}%"));
+    }
+    if let Some(n) = r.commands_per_round {
+        other.push(format!("{} commands/round", fixed(n, 1)));
     }
     if let (Some(client), Some(server)) = (r.client_cpu_us, r.server_cpu_us) {
         other.push(format!(

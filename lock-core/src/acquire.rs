@@ -226,11 +226,15 @@ impl LockClient {
                 released.enable();
             }
             attempts.fetch_add(1, Ordering::Relaxed);
-            let mut free_in = None;
+            let (mut free_in, mut foreign) = (None, false);
             let last_error = match contender.attempt(retry).await {
                 Ok(won) => return Ok(won),
                 Err(Lost::Busy(left)) => {
                     free_in = left;
+                    None
+                }
+                Err(Lost::Foreign(left)) => {
+                    (free_in, foreign) = (left, true);
                     None
                 }
                 Err(Lost::Retry(e)) => Some(e),
@@ -258,10 +262,13 @@ impl LockClient {
             }
             // A holder that stopped (crashed, or a client that publishes
             // nothing) frees the key at its expiry: the next attempt comes
-            // then at the latest, not a backoff later.
-            let pause = inner
-                .backoff
-                .delay(attempt)
+            // then at the latest, not a backoff later. Another library's
+            // release is heard by nobody: its waiters poll on a short cap.
+            let backoff = match foreign {
+                true => inner.backoff.foreign_delay(attempt),
+                false => inner.backoff.delay(attempt),
+            };
+            let pause = backoff
                 .min(free_in.unwrap_or(Duration::MAX))
                 .min(request.deadline.saturating_duration_since(Instant::now()));
             attempt = attempt.saturating_add(1);
@@ -444,9 +451,13 @@ impl Contender for OneKey<'_, '_> {
             .await;
         match outcome {
             Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
-            Ok(Attempt::Busy { left }) => {
+            Ok(Attempt::Busy { left, foreign }) => {
                 held.keep();
-                Err(Lost::Busy(left))
+                Err(if foreign {
+                    Lost::Foreign(left)
+                } else {
+                    Lost::Busy(left)
+                })
             }
             // The SET may have been applied with its answer lost: `held`
             // releases that token as it goes.
@@ -464,6 +475,9 @@ pub(crate) enum Lost {
     /// Someone else holds the key; its lease has this long left, when
     /// the attempt learnt it.
     Busy(Option<Duration>),
+    /// As `Busy`, held by another library's client, whose release tells
+    /// nobody: only an attempt notices it.
+    Foreign(Option<Duration>),
     /// No answer, or a passing one (the server loading, busy, failing
     /// over): try again within the wait.
     Retry(LockError),

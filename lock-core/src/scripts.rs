@@ -149,6 +149,28 @@ end
     };
 }
 
+/// Lua: `foreign(value)`, 1 when a lock key's value was not written by
+/// lock-core, whose releases publish a wake-up: a token (32 lowercase hex
+/// digits, alone or followed by `|` and more) or a holder set's marker
+/// (`shared`, `permits:N`). Another library's string gives 1, so its
+/// waiters poll sooner; an absent key (gone between the `SET` and the read)
+/// or a key of another type (never released as a lock) gives 0.
+macro_rules! lua_foreign {
+    () => {
+        r#"local function foreign(value)
+  if type(value) ~= "string" or value == "shared" or string.sub(value, 1, 8) == "permits:" then
+    return 0
+  end
+  local token = "^" .. string.rep("[0-9a-f]", 32)
+  if string.find(value, token) and (#value == 32 or string.sub(value, 33, 33) == "|") then
+    return 0
+  end
+  return 1
+end
+"#
+    };
+}
+
 /// Deletes the key only if it still holds our token, and tells waiters.
 ///
 /// `KEYS[1]` lock key, `ARGV[1]` token, optional `ARGV[2]` = `quiet` to
@@ -388,7 +410,9 @@ end
 /// `KEYS[3]` fence counter (all one hash slot); `ARGV[1]` token, `ARGV[2]`
 /// ttl in milliseconds, `ARGV[3]` how long the writer mark lasts, in
 /// milliseconds, `ARGV[4]` (with a counter) how long the counter is kept.
-/// Returns `{1, fence}` (fence 0 without a counter) or `{0, pttl}`.
+/// Returns `{1, fence}` (fence 0 without a counter) or `{0, pttl,
+/// foreign}`, `foreign` 1 when the holder's value is not one of ours (see
+/// [`lua_foreign`]): its release will publish nothing.
 ///
 /// The writer mark (a short-lived key, refreshed by every attempt of every
 /// exclusive waiter) keeps new shared holders out while an exclusive one
@@ -400,6 +424,7 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
         lua_fence!(),
+        lua_foreign!(),
         r#"if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
   redis.call("DEL", KEYS[2])
   if not KEYS[3] then
@@ -416,7 +441,7 @@ local ok, held = read(KEYS[1])
 if ok and held == "shared" then
   redis.call("SET", KEYS[2], "1", "PX", ARGV[3])
 end
-return {0, redis.call("PTTL", KEYS[1])}"#
+return {0, redis.call("PTTL", KEYS[1]), foreign(held)}"#
     ))
 });
 
@@ -750,5 +775,40 @@ mod tests {
 
         let kind: String = server.cmd(&["TYPE", "h"]);
         assert_eq!(kind, "hash", "the other program's key was changed");
+    }
+
+    #[tokio::test]
+    async fn a_busy_attempt_tells_another_librarys_holder_from_ours() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let token = "0123456789abcdef0123456789abcdef";
+        let suffixed = format!("{token}|1733100000000|7|host:42");
+        let cases = [
+            (token, 0),
+            (suffixed.as_str(), 0),
+            ("shared", 0),
+            ("permits:3", 0),
+            ("0123456789ABCDEF0123456789ABCDEF", 1),
+            ("0123456789abcdef0123456789abcdef0", 1),
+            ("0123456789abcdef", 1),
+            ("6f1c2a9e-1b7d-4c55-9a0e-3f2d8c7b6a51", 1),
+            ("1", 1),
+        ];
+        for (value, foreign) in cases {
+            let () = server.cmd(&["SET", "k", value, "PX", "10000"]);
+            let answer: Vec<i64> = call(&mut conn, &ACQUIRE, &["k", "k:w"], &["t", "1000", "500"])
+                .await
+                .unwrap();
+            assert_eq!(answer[0], 0, "{value}");
+            assert!(answer[1] > 5000, "{value}: {answer:?}");
+            assert_eq!(answer[2], foreign, "{value}");
+        }
+        // Another type's key is never released as a lock: not polled sooner.
+        let () = server.cmd(&["DEL", "k"]);
+        let _: i64 = server.cmd(&["LPUSH", "k", "x"]);
+        let answer: Vec<i64> = call(&mut conn, &ACQUIRE, &["k", "k:w"], &["t", "1000", "500"])
+            .await
+            .unwrap();
+        assert_eq!(answer, [0, -1, 0]);
     }
 }

@@ -9,6 +9,7 @@
 //! | W4 | W1 against 5-node Redlock |
 //! | W5 | hold 10,000 locks with renewal (ttl 3 s) for 30 s |
 //! | W6 | annotated function vs the same body with the guard API |
+//! | W7 | takeover after a holder process is killed; releases nobody announces |
 //! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
 //! | W9 | 8 shared readers and 1 exclusive writer on one key |
 
@@ -19,6 +20,7 @@ pub mod w3p;
 pub mod w4;
 pub mod w5;
 pub mod w6;
+pub mod w7;
 pub mod w8;
 pub mod w9;
 
@@ -49,6 +51,8 @@ pub enum WorkloadId {
     W5,
     /// Attribute overhead.
     W6,
+    /// Takeover after a crash.
+    W7,
     /// Two keys at once.
     W8,
     /// Shared readers and a writer.
@@ -57,7 +61,7 @@ pub enum WorkloadId {
 
 impl WorkloadId {
     /// Every workload, in table order.
-    pub const ALL: [WorkloadId; 9] = [
+    pub const ALL: [WorkloadId; 10] = [
         WorkloadId::W1,
         WorkloadId::W2,
         WorkloadId::W3,
@@ -65,6 +69,7 @@ impl WorkloadId {
         WorkloadId::W4,
         WorkloadId::W5,
         WorkloadId::W6,
+        WorkloadId::W7,
         WorkloadId::W8,
         WorkloadId::W9,
     ];
@@ -79,6 +84,7 @@ impl WorkloadId {
             WorkloadId::W4 => "W4",
             WorkloadId::W5 => "W5",
             WorkloadId::W6 => "W6",
+            WorkloadId::W7 => "W7",
             WorkloadId::W8 => "W8",
             WorkloadId::W9 => "W9",
         }
@@ -113,6 +119,8 @@ pub struct Context {
     pub w5_ttl: Duration,
     /// The rows [`measure_rows`] runs (others are left out of the table).
     pub impls: Vec<Impl>,
+    /// Takeovers per W7 row.
+    pub w7_rounds: usize,
 }
 
 impl Context {
@@ -546,6 +554,7 @@ mod tests {
             assert_eq!(WorkloadId::parse(id.name()), Some(id));
         }
         assert_eq!(WorkloadId::parse("w3P"), Some(WorkloadId::W3p));
-        assert_eq!(WorkloadId::parse("W7"), None);
+        assert_eq!(WorkloadId::parse("w7"), Some(WorkloadId::W7));
+        assert_eq!(WorkloadId::parse("W10"), None);
     }
 }

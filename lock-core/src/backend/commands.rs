@@ -61,7 +61,7 @@ macro_rules! lock_commands {
                             async move {
                                 let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
                                 if ok.is_none() {
-                                    return Ok((Attempt::Busy { left: None }, None));
+                                    return Ok((Attempt::HELD, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: None }, short))
@@ -80,7 +80,7 @@ macro_rules! lock_commands {
                             async move {
                                 let fence: u64 = inv.invoke(&mut conn).await?;
                                 if fence == 0 {
-                                    return Ok((Attempt::Busy { left: None }, None));
+                                    return Ok((Attempt::HELD, None));
                                 }
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 Ok((Attempt::Granted { fence: Some(fence) }, short))
@@ -101,16 +101,19 @@ macro_rules! lock_commands {
                                 inv.arg(ttl_millis(fence_retention(ttl)));
                             }
                             async move {
-                                let answer: (i64, i64) = inv.invoke(&mut conn).await?;
-                                if answer.0 != 1 {
-                                    // PTTL: -2 gone since (free now), -1 no
-                                    // expiry (not a lock of ours: unknown).
-                                    let left = match answer.1 {
-                                        -1 => None,
-                                        ms => Some(Duration::from_millis(ms.max(0) as u64)),
-                                    };
-                                    return Ok((Attempt::Busy { left }, None));
-                                }
+                                let answer: (i64, i64) = match inv.invoke(&mut conn).await? {
+                                    Reply(granted, n, _) if granted == 1 => (1, n),
+                                    Reply(_, pttl, foreign) => {
+                                        // PTTL: -2 gone since (free now), -1 no
+                                        // expiry (not a lock of ours: unknown).
+                                        let left = match pttl {
+                                            -1 => None,
+                                            ms => Some(Duration::from_millis(ms.max(0) as u64)),
+                                        };
+                                        let busy = Attempt::Busy { left, foreign };
+                                        return Ok((busy, None));
+                                    }
+                                };
                                 let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                                 let fence = fence_key.map(|_| answer.1.max(0) as u64);
                                 Ok((Attempt::Granted { fence }, short))
@@ -578,6 +581,24 @@ fn too_few_replicas(acked: i64, min: MinReplicas, addr: &str) -> LockError {
          ({acked} acknowledged on {addr}); it was released again",
         min.replicas, min.timeout,
     ))
+}
+
+/// [`scripts::ACQUIRE`]'s answer: `{1, fence}`, or `{0, pttl, foreign}`
+/// (`foreign` left out by a server still running an older version of the
+/// script reads as ours).
+struct Reply(i64, i64, bool);
+
+impl redis::FromRedisValue for Reply {
+    fn from_redis_value(v: redis::Value) -> Result<Reply, redis::ParsingError> {
+        let answer: Vec<i64> = redis::from_redis_value(v)?;
+        match answer[..] {
+            [granted, n] => Ok(Reply(granted, n, false)),
+            [granted, n, foreign, ..] => Ok(Reply(granted, n, foreign == 1)),
+            _ => Err(redis::ParsingError::from(format!(
+                "unexpected acquisition answer {answer:?}"
+            ))),
+        }
+    }
 }
 
 /// [`scripts::ACQUIRE_ALL`]'s answer for `n` keys.

@@ -157,8 +157,10 @@ impl MemoryStore {
         let mut state = self.inner.lock();
         if state.taken(keys.lock, now) {
             state.mark_writer(keys.lock, keys.writer, now);
+            // Only lock-core writes here: every holder tells its release.
             return Attempt::Busy {
                 left: state.left(keys.lock, now),
+                foreign: false,
             };
         }
         state.locks.insert(

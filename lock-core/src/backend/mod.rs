@@ -100,8 +100,22 @@ pub(crate) enum Attempt {
     Granted { fence: Option<u64> },
     /// Someone else holds it; `left`: how long its lease has left, when
     /// the attempt learnt it (every attempt but a first one without
-    /// fencing).
-    Busy { left: Option<Duration> },
+    /// fencing); `foreign`: its value is not one of ours (another library
+    /// holds it, whose release publishes nothing), when the attempt learnt
+    /// it (as `left`).
+    Busy {
+        left: Option<Duration>,
+        foreign: bool,
+    },
+}
+
+impl Attempt {
+    /// Held by someone else, nothing more known (a first attempt's plain
+    /// `SET NX`, or the fencing script).
+    pub(crate) const HELD: Attempt = Attempt::Busy {
+        left: None,
+        foreign: false,
+    };
 }
 
 /// The keys one lock touches; they share a hash slot.

@@ -145,6 +145,7 @@ impl Quorum {
             })
             .await;
         let left = majority_free_in(&answers, self.majority());
+        let mut foreign = false;
         let mut tally = Tally::new(self.majority());
         let mut fence = 0u64;
         let mut granted_on = Vec::with_capacity(self.nodes.len());
@@ -158,7 +159,10 @@ impl Quorum {
                     fence = fence.max(f.unwrap_or(0));
                     granted_on.push(node);
                 }
-                Ok(Attempt::Busy { .. }) => tally.busy += 1,
+                Ok(Attempt::Busy { foreign: f, .. }) => {
+                    tally.busy += 1;
+                    foreign |= f;
+                }
                 Err(e) => tally.failures.push(NodeError::new(node.addr(), e)),
             }
         }
@@ -193,7 +197,7 @@ impl Quorum {
                 "a majority granted the lock, but too late for any validity to remain",
             ));
         }
-        Ok(Attempt::Busy { left })
+        Ok(Attempt::Busy { left, foreign })
     }
 
     /// Several keys on every server, each with the all-or-none script;
@@ -757,7 +761,7 @@ fn majority_free_in(
         .iter()
         .filter_map(|answer| match answer {
             Some(Ok(Attempt::Granted { .. })) => Some(Duration::ZERO),
-            Some(Ok(Attempt::Busy { left })) => *left,
+            Some(Ok(Attempt::Busy { left, .. })) => *left,
             _ => None,
         })
         .collect();
