@@ -69,6 +69,8 @@ struct Schedule {
     cap: Cap,
     /// When overload was last reported.
     warned: Option<Instant>,
+    /// How long the last round took, from sending to the answers.
+    last_round: Duration,
 }
 
 /// The size limit of a round: between [`BATCH`] and [`MAX_ROUND`].
@@ -444,10 +446,18 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     // Busy with a round: new leases are due later than it ends.
     schedule.alarm = Some(now);
     let cap = schedule.cap.0;
-    let (mut wanted, mut next) = gather(&mut schedule.leases, now, cap);
-    let mut backlog = 0;
+    let (mut wanted, mut next, expired) = gather(&mut schedule.leases, now, cap);
+    // Falling behind: leases lost at their deadline while waiting for a
+    // renewal, leases left out of this round though overdue, and leases
+    // taken late (by more than half their renewal interval).
+    let mut backlog = expired;
     if wanted.len() > cap {
-        wanted.select_nth_unstable_by_key(cap, |w| w.deadline);
+        // Earliest deadline first, except for the leases whose deadline
+        // comes before a round like the last one could answer: renewing
+        // them would spend the round on locks it cannot save, and under
+        // overload that would lose every lock in turn instead of the few.
+        let hopeless = now + schedule.last_round;
+        wanted.select_nth_unstable_by_key(cap, |w| (w.deadline < hopeless, w.deadline));
         for left in wanted.drain(cap..) {
             backlog += usize::from(left.due <= now);
             next = Some(next.map_or(left.due, |n| n.min(left.due)));
@@ -459,9 +469,11 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
         let Some(entry) = schedule.leases.get(w.id) else {
             continue;
         };
+        let ttl = entry.lease.ttl();
+        backlog += usize::from(w.due + ttl / 6 <= now);
         // `extend` holds this lock only for one round trip; a lease
         // being extended joins the next round.
-        match Due::take(w.id, &entry.lease, entry.lease.ttl()) {
+        match Due::take(w.id, &entry.lease, ttl) {
             Some(due) => {
                 schedule.leases.start(w.id);
                 round.push(due);
@@ -483,9 +495,9 @@ struct Wanted {
 
 /// The leases due within a quarter of their ttl, in due order: every
 /// overdue one (so that the caller can choose by deadline), then the others
-/// until `cap` are taken; and the due time of the first lease left. Leases
-/// past their deadline are marked lost and leave.
-fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<Instant>) {
+/// until `cap` are taken; the due time of the first lease left; and how
+/// many leases were past their deadline (marked lost, and gone).
+fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<Instant>, usize) {
     let mut wanted = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
@@ -508,14 +520,15 @@ fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<
             break;
         }
     }
+    let lapsed = expired.len();
     for id in expired {
         leases.remove_current(id);
     }
-    (wanted, next)
+    (wanted, next, lapsed)
 }
 
-/// Reports leases left overdue by a full round, at most every ten seconds,
-/// and the backlog gauge on every round.
+/// Reports a heartbeat falling behind (see [`take_round`]), at most every
+/// ten seconds, and the backlog gauge on every round.
 fn report_backlog(schedule: &mut Schedule, backlog: usize, now: Instant) {
     let quiet = schedule
         .warned
@@ -546,6 +559,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     let answers = renew_each(backend, &round, limit).await;
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
+    schedule.last_round = now.saturating_duration_since(sent);
     let answered = answers
         .iter()
         .filter(|a| !matches!(a, Renewal::Failed))
