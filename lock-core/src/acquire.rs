@@ -426,7 +426,7 @@ impl Contender for OneKey<'_, '_> {
         }
         // Should this future be dropped before the answer is in, the SET may
         // still be applied: the token is then released in the background.
-        let held = MayHold::new(inner, &request.storage_key, Token::generate(), request.ttl);
+        let held = MayHold::new(inner, &request.storage_key, inner.new_token(), request.ttl);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let writer = self

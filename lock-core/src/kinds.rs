@@ -177,7 +177,7 @@ impl Contender for SeveralKeys<'_, '_> {
             })
             .collect();
         let what = MayHoldKeys::Several(self.keys);
-        let held = MayHold::of(inner, &self.keys[0], what, Token::generate(), request.ttl);
+        let held = MayHold::of(inner, &self.keys[0], what, inner.new_token(), request.ttl);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let outcome = inner

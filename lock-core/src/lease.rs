@@ -5,10 +5,40 @@ use crate::error::LockError;
 use crate::observe;
 use crate::token::Token;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// Why a held lock was lost ([`LockGuard::loss_reason`](crate::LockGuard::loss_reason)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal or an extension found the key gone or held by another
+    /// owner: the lease expired on the server (a pause, a cut-off) and may
+    /// have been taken since.
+    TakenOver,
+    /// The validity deadline passed without a successful renewal: Redis
+    /// did not answer in time, so the lease cannot be trusted any more.
+    Expired,
+    /// `max_hold` was reached.
+    MaxHold,
+    /// An operator broke the lock ([`LockClient::force_release`](crate::LockClient::force_release),
+    /// `lockctl release`); the holder found out at its next renewal.
+    ForceReleased,
+}
+
+impl LossReason {
+    /// The reason, in words, for logs.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => "a renewal found the lock taken over or expired",
+            LossReason::Expired => "the validity deadline passed without a successful renewal",
+            LossReason::MaxHold => "max_hold reached",
+            LossReason::ForceReleased => "an operator force-released the lock",
+        }
+    }
+}
 
 /// The longest key accepted, prefix included.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -140,6 +170,8 @@ pub(crate) struct Lease {
     /// successful acquire or renew, plus ttl, minus drift. Monotonic clock.
     valid_until: Mutex<Instant>,
     lost: AtomicBool,
+    /// Why it was lost, set once, before `lost`.
+    reason: OnceLock<LossReason>,
     lost_notify: Notify,
     /// When this holder got the lock (for the hold time).
     pub(crate) acquired: Instant,
@@ -176,6 +208,7 @@ impl Lease {
             ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
             valid_until: Mutex::new(valid_until),
             lost: AtomicBool::new(false),
+            reason: OnceLock::new(),
             lost_notify: Notify::new(),
             acquired,
             min_until: holds.min.map(|min| acquired + min),
@@ -244,12 +277,20 @@ impl Lease {
     }
 
     /// Why a lease whose validity deadline passed is lost.
-    pub(crate) fn deadline_reason(&self) -> &'static str {
+    pub(crate) fn deadline_reason(&self) -> LossReason {
         if self.max_until.is_some_and(|max| Instant::now() >= max) {
-            "max_hold reached"
+            LossReason::MaxHold
         } else {
-            "the validity deadline passed without a successful renewal"
+            LossReason::Expired
         }
+    }
+
+    /// Why the lease was lost; `None` while held, and after a release.
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        if !self.is_lost() {
+            return None;
+        }
+        self.reason.get().copied()
     }
 
     /// How long a release must keep the lease still (`min_hold`), if at all.
@@ -260,9 +301,13 @@ impl Lease {
 
     /// The lock is lost while held, for `reason`: signalled once, and
     /// logged.
-    pub(crate) fn mark_lost(&self, reason: &'static str) {
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
+        if self.lost.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = self.reason.set(reason);
         if !self.lost.swap(true, Ordering::AcqRel) {
-            observe::lost(self.key(), reason);
+            observe::lost(self.key(), reason.text());
             self.lost_notify.notify_waiters();
         }
     }

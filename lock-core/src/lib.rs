@@ -101,6 +101,7 @@ mod kinds;
 
 mod builder;
 mod client;
+mod inspect;
 
 #[doc(hidden)]
 pub mod __private {
@@ -116,10 +117,12 @@ pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, NodeError, QuorumFailure, TimedOut};
 pub use global::{SetGlobalClientError, global_client, set_global_client};
 pub use guard::LockGuard;
-pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
+pub use inspect::{LockCursor, LockKind, LockPage, LockState};
+pub use lease::{LossReason, MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use options::LockOptions;
 pub use queue::HandoffBudget;
 pub use state::LockClient;
+pub use token::MAX_HOLDER_LEN;
 
 /// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]

@@ -2,6 +2,9 @@
 
 use rand::Rng;
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Bytes of randomness in a token (128 bits).
 pub(crate) const TOKEN_BYTES: usize = 16;
@@ -12,26 +15,139 @@ pub(crate) const TOKEN_BYTES: usize = 16;
 /// A new token is made for every acquisition, so a lock can only be renewed or
 /// released by the acquisition that took it, never by another task or process
 /// that happens to share a client.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Token([u8; TOKEN_BYTES * 2]);
+///
+/// An exclusive lock's value also names its holder (see [`Holder`] and
+/// [`value`](Token::value)); the token alone still decides ownership.
+#[derive(Clone)]
+pub(crate) struct Token {
+    hex: [u8; TOKEN_BYTES * 2],
+    holder: Option<Arc<Holder>>,
+}
 
-impl Token {
-    pub(crate) fn generate() -> Token {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut raw = [0u8; TOKEN_BYTES];
-        rand::rng().fill_bytes(&mut raw);
-        let mut hex = [0u8; TOKEN_BYTES * 2];
-        for (i, byte) in raw.iter().enumerate() {
-            hex[2 * i] = HEX[usize::from(byte >> 4)];
-            hex[2 * i + 1] = HEX[usize::from(byte & 0x0f)];
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        self.hex == other.hex
+    }
+}
+
+impl Eq for Token {}
+
+/// The longest holder name a client accepts, in bytes.
+pub const MAX_HOLDER_LEN: usize = 256;
+
+/// Who takes a client's locks, as written into every exclusive lock's
+/// value, and the client's estimate of the server's clock, for the time of
+/// acquisition written beside it.
+pub(crate) struct Holder {
+    name: Box<str>,
+    /// The server's clock minus this machine's, in milliseconds; learned
+    /// from `TIME` when the client connects and at every inspection.
+    offset_ms: AtomicI64,
+}
+
+impl Holder {
+    pub(crate) fn new(name: &str) -> Holder {
+        Holder {
+            name: name.into(),
+            offset_ms: AtomicI64::new(0),
         }
-        Token(hex)
     }
 
-    #[cfg(test)]
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Records that the server's clock read `server_ms` around `local_ms`
+    /// on this machine's.
+    pub(crate) fn learn_offset(&self, server_ms: i64, local_ms: i64) {
+        self.offset_ms
+            .store(server_ms.saturating_sub(local_ms), Ordering::Relaxed);
+    }
+
+    /// The server's clock now, as far as this client can tell, in
+    /// milliseconds since 1970.
+    pub(crate) fn server_now_ms(&self) -> i64 {
+        local_now_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// This machine's clock, in milliseconds since 1970.
+pub(crate) fn local_now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `hostname:pid`, the holder name a client has unless told otherwise.
+pub(crate) fn default_holder_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+impl Token {
+    /// A fresh token that names no holder: its value is the token alone.
+    pub(crate) fn generate() -> Token {
+        Token {
+            hex: random_hex(),
+            holder: None,
+        }
+    }
+
+    /// A fresh token whose lock value names `holder`.
+    pub(crate) fn generate_for(holder: &Arc<Holder>) -> Token {
+        Token {
+            hex: random_hex(),
+            holder: Some(holder.clone()),
+        }
+    }
+
+    /// What an exclusive acquisition stores under the lock key:
+    /// `<token>|<acquired ms>||<holder>` (the fence, when there is one,
+    /// goes between the two bars, written by the script that draws it), or
+    /// the token alone for a token that names no holder. See
+    /// `docs/format.md`.
+    pub(crate) fn value(&self) -> Vec<u8> {
+        let Some(holder) = &self.holder else {
+            return self.hex.to_vec();
+        };
+        let mut value = Vec::with_capacity(self.hex.len() + 20 + holder.name.len());
+        value.extend_from_slice(&self.hex);
+        value.push(b'|');
+        value.extend_from_slice(holder.server_now_ms().to_string().as_bytes());
+        value.extend_from_slice(b"||");
+        value.extend_from_slice(holder.name.as_bytes());
+        value
+    }
+
+    /// The holder this token names, if any.
+    pub(crate) fn holder(&self) -> Option<&Arc<Holder>> {
+        self.holder.as_ref()
+    }
+}
+
+fn random_hex() -> [u8; TOKEN_BYTES * 2] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut raw = [0u8; TOKEN_BYTES];
+    rand::rng().fill_bytes(&mut raw);
+    let mut hex = [0u8; TOKEN_BYTES * 2];
+    for (i, byte) in raw.iter().enumerate() {
+        hex[2 * i] = HEX[usize::from(byte >> 4)];
+        hex[2 * i + 1] = HEX[usize::from(byte & 0x0f)];
+    }
+    hex
+}
+
+impl Token {
+    /// The token's 32 hex digits.
     pub(crate) fn as_str(&self) -> &str {
         // Only ASCII hex digits are ever written into the array.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        std::str::from_utf8(&self.hex).unwrap_or_default()
     }
 }
 
@@ -47,7 +163,7 @@ impl redis::ToRedisArgs for Token {
     where
         W: ?Sized + redis::RedisWrite,
     {
-        out.write_arg(&self.0);
+        out.write_arg(&self.hex);
     }
 }
 

@@ -7,7 +7,7 @@ use super::{
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
 use crate::scripts::{self, Eval};
-use crate::token::{TOKEN_BYTES, Token};
+use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
 
@@ -42,13 +42,12 @@ macro_rules! lock_commands {
                     (None, None) => {
                         self.call(limit, false, |mut conn| {
                             // Sized up front: no regrowth on the hot path.
-                            let mut cmd = redis::Cmd::with_capacity(
-                                6,
-                                32 + keys.lock.len() + 2 * TOKEN_BYTES,
-                            );
+                            let value = token.value();
+                            let mut cmd =
+                                redis::Cmd::with_capacity(6, 32 + keys.lock.len() + value.len());
                             cmd.arg("SET")
                                 .arg(keys.lock)
-                                .arg(token)
+                                .arg(value)
                                 .arg("NX")
                                 .arg("PX")
                                 .arg(ttl_ms);
@@ -68,7 +67,7 @@ macro_rules! lock_commands {
                             let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
                             inv.key(keys.lock)
                                 .key(fence_key)
-                                .arg(token)
+                                .arg(token.value())
                                 .arg(ttl_ms)
                                 .arg(ttl_millis(fence_retention(ttl)));
                             async move {
@@ -90,7 +89,9 @@ macro_rules! lock_commands {
                             if let Some(fence_key) = fence_key {
                                 inv.key(fence_key);
                             }
-                            inv.arg(token).arg(ttl_ms).arg(ttl_millis(writer_for));
+                            inv.arg(token.value())
+                                .arg(ttl_ms)
+                                .arg(ttl_millis(writer_for));
                             if fence_key.is_some() {
                                 inv.arg(ttl_millis(fence_retention(ttl)));
                             }
@@ -330,7 +331,10 @@ macro_rules! lock_commands {
                         }
                         let marked = keys.iter().all(|k| k.writer.is_some());
                         let writer_ms = if marked { ttl_millis(writer_for) } else { 0 };
-                        inv.arg(token).arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
+                        inv.arg(token.value())
+                            .arg(ttl_millis(ttl))
+                            .arg(n)
+                            .arg(writer_ms);
                         if fenced {
                             inv.arg(ttl_millis(fence_retention(ttl)));
                         }

@@ -5,6 +5,7 @@ mod cluster;
 mod commands;
 mod memory;
 mod node;
+mod operators;
 mod quorum;
 mod shared;
 mod wakeup;
@@ -13,6 +14,7 @@ mod wire;
 pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;
 pub(crate) use node::{MinReplicas, Node, redact};
+pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
@@ -55,6 +57,9 @@ impl<R: Renewable> Renewable for &R {
 pub(crate) enum Renewal {
     Renewed,
     NotOurs,
+    /// Not ours because an operator broke the lock (its tombstone names
+    /// our token).
+    Evicted,
     /// No answer, or not enough of them: nobody can tell.
     Failed,
 }
@@ -318,12 +323,23 @@ impl Backend {
         }
     }
 
-    /// Renews a round of leases; one answer per lease, in order.
+    /// Renews a round of leases; one answer per lease, in order. A lease
+    /// found not ours is looked up in its key's tombstone, to tell an
+    /// operator's eviction from an expiry (see `operators.rs`).
     pub(crate) async fn renew_many<R: Renewable>(
         &self,
         due: &[R],
         limit: Duration,
     ) -> Vec<Renewal> {
+        let mut answers = self.renew_round(due, limit).await;
+        if answers.iter().any(|a| matches!(a, Renewal::NotOurs)) {
+            self.tell_evicted(due, &mut answers, limit).await;
+        }
+        answers
+    }
+
+    /// [`renew_many`](Self::renew_many) without the tombstone lookup.
+    async fn renew_round<R: Renewable>(&self, due: &[R], limit: Duration) -> Vec<Renewal> {
         match self {
             Backend::Single(node) => match node.renew_many(due, limit).await {
                 Ok(renewed) => renewed
