@@ -287,3 +287,25 @@ async fn holder_names_are_checked() {
         "{holder}"
     );
 }
+
+/// Redlock: inspect and force_release ask every server; listing is refused
+/// (each server's keys differ while locks come and go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_on_redlock() {
+    let backend = Backend::redlock();
+    let a = client(&backend, "ops:", "worker-a").await;
+    let guard = a
+        .lock_with("r", LockOptions::new(TTL).fencing(true))
+        .await
+        .unwrap();
+    let state = a.inspect("r").await.unwrap().expect("held");
+    assert_eq!(state.holder(), Some("worker-a"));
+    // The lift wrote the chosen token into the value on the servers.
+    assert_eq!(state.fencing_token(), guard.fencing_token());
+    let err = a.list_all(None).await.unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{err}");
+    assert!(a.force_release("r").await.unwrap());
+    assert!(!backend.holds(&a.storage_key("r").unwrap()));
+    tokio::time::timeout(TTL, guard.lost()).await.unwrap();
+    assert_eq!(guard.loss_reason(), Some(LossReason::ForceReleased));
+}

@@ -790,6 +790,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_value_is_ours_when_it_is_the_token_or_starts_with_it_and_a_bar() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["SET", "k", "tok|1700000000000||web-1", "PX", "10000"]);
+        for (token, ours) in [("tok", 1), ("to", 0), ("tok|", 0), ("tok|1", 0), ("x", 0)] {
+            let renewed: i64 = call(&mut conn, &RENEW, &["k"], &[token, "20000"])
+                .await
+                .unwrap();
+            assert_eq!(renewed, ours, "{token}");
+        }
+        // The Redlock lift writes the chosen fence into the value.
+        let lifted: i64 = call(&mut conn, &LIFT_FENCE, &["k", "f"], &["tok", "42", "60000"])
+            .await
+            .unwrap();
+        assert_eq!(lifted, 1);
+        let value: String = server.cmd(&["GET", "k"]);
+        assert_eq!(value, "tok|1700000000000|42|web-1");
+        assert!(pttl(&server, "k") > 5000, "the lift kept the expiry");
+        let released: i64 = call(&mut conn, &RELEASE, &["k"], &["tok"]).await.unwrap();
+        assert_eq!(released, 1);
+    }
+
+    #[tokio::test]
     async fn set_ttl_sets_the_expiry_exactly_if_ours() {
         let server = RedisServer::start();
         let mut conn = connect(&server).await;
