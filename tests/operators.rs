@@ -78,9 +78,15 @@ async fn inspect_counts_shared_holders(backend: &Backend) {
     let state = a.inspect("p").await.unwrap().expect("held");
     assert_eq!(state.kind(), LockKind::Permits(3));
     assert_eq!(state.holders(), 1);
-    // Breaking a shared lock evicts every holder.
-    assert!(a.force_release("r").await.unwrap());
+    // Breaking a shared lock evicts every holder, and each learns why.
+    let evicted = a.evict("r").await.unwrap().expect("held");
+    assert_eq!(evicted.kind(), LockKind::Shared);
+    assert_eq!(evicted.holders(), 2);
     assert!(a.inspect("r").await.unwrap().is_none());
+    for guard in [&one, &two] {
+        tokio::time::timeout(TTL, guard.lost()).await.unwrap();
+        assert_eq!(guard.loss_reason(), Some(LossReason::ForceReleased));
+    }
     drop((one, two));
     permit.release().await.unwrap();
 }
@@ -107,6 +113,7 @@ async fn force_release_wakes_waiters_and_tells_the_holder(backend: &Backend) {
         .unwrap()
         .expect("something was held");
     assert_eq!(evicted.holder(), Some("worker-a"));
+    assert_eq!(evicted.holders(), 1);
     let (guard, waited) = waiter.await.unwrap();
     assert!(waited < Duration::from_secs(2), "{waited:?}");
     // The evicted holder finds out within a third of its ttl and a bit.
@@ -125,6 +132,16 @@ async fn force_release_wakes_waiters_and_tells_the_holder(backend: &Backend) {
         !op.force_release("stuck").await.unwrap(),
         "nothing held now"
     );
+
+    // A lock on several keys is lost when one of them is broken.
+    let both = a
+        .lock_all(&["pair:1", "pair:2"], LockOptions::new(TTL))
+        .await
+        .unwrap();
+    assert!(op.force_release("pair:2").await.unwrap());
+    tokio::time::timeout(TTL, both.lost()).await.unwrap();
+    assert_eq!(both.loss_reason(), Some(LossReason::ForceReleased));
+    drop(both);
 }
 
 /// Every held lock under the prefix, page after page; other prefixes and

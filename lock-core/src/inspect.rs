@@ -230,8 +230,9 @@ impl LockClient {
     }
 
     /// [`force_release`](Self::force_release), answering what was evicted
-    /// (its holder, fencing token and how long it had been held), or
-    /// `Ok(None)` when the lock was free.
+    /// (its holder, fencing token, how long it had been held, how many
+    /// shared holders or permits), or `Ok(None)` when the lock was free.
+    /// Its [`remaining`](LockState::remaining) is zero: it is gone.
     pub async fn evict(&self, key: &str) -> Result<Option<LockState>, LockError> {
         let inner = &self.inner;
         let keys = KeyNames::of(inner, key)?;
@@ -248,13 +249,13 @@ impl LockClient {
                     "the key holds a Redis {kind}, not a lock: some other program uses it; \
                      nothing was deleted"
                 ))),
-            Forced::Evicted(value) => {
+            Forced::Evicted { value, holders } => {
                 let raw = RawState {
                     value,
                     foreign: false,
                     pttl_ms: 0,
                     now_ms: inner.holder.server_now_ms(),
-                    holders: 0,
+                    holders,
                 };
                 let state = LockState::from_raw(key, raw);
                 observe::force_released(key, state.holder(), state.kind());

@@ -673,9 +673,9 @@ return {"held", redis.call("PTTL", KEYS[1]), now, value, count}"#
 /// holder's, goes into the tombstone for as long as the evicted lease had
 /// left (added to the tokens already there), so the holders can tell at
 /// their next renewal that they were evicted rather than expired. Returns
-/// `{1, value}` with the value removed, `{0, ""}` when the key was free,
-/// `{-1, type}` for a key of another type, which is left alone: it is not
-/// a lock.
+/// `{1, value, holders}` with the value removed and how many live holders
+/// it had, `{0, "", 0}` when the key was free, `{-1, type, 0}` for a key
+/// of another type, which is left alone: it is not a lock.
 pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
@@ -685,14 +685,16 @@ if not ok and value then
   return value
 end
 if not ok then
-  return {-1, redis.call("TYPE", KEYS[1]).ok}
+  return {-1, redis.call("TYPE", KEYS[1]).ok, 0}
 end
 if not value then
-  return {0, ""}
+  return {0, "", 0}
 end
 local pttl = redis.call("PTTL", KEYS[1])
 local evicted = string.match(value, "^[^|]*")
+local count = 1
 if is_marker(value) then
+  count = redis.call("ZCOUNT", KEYS[2], "(" .. clock_ms(), "+inf")
   evicted = table.concat(redis.call("ZRANGE", KEYS[2], 0, -1), " ")
   redis.call("DEL", KEYS[2])
 end
@@ -706,7 +708,7 @@ if pttl > 0 and evicted ~= "" then
   redis.call("SET", KEYS[3], evicted, "PX", pttl)
 end
 redis.call("PUBLISH", KEYS[1], "")
-return {1, value}"#
+return {1, value, count}"#
     ))
 });
 

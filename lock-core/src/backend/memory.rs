@@ -453,7 +453,10 @@ impl MemoryStore {
             tomb.1 = tomb.1.max(keep);
         }
         self.publish(key);
-        Forced::Evicted(found.value)
+        Forced::Evicted {
+            value: found.value,
+            holders: found.holders,
+        }
     }
 
     /// Whether `key`'s tombstone names `token`.

@@ -37,8 +37,8 @@ pub(crate) struct RawState {
 pub(crate) enum Forced {
     /// Nothing held the key.
     Free,
-    /// This value held it, and was removed.
-    Evicted(String),
+    /// This value held it, with this many live holders, and was removed.
+    Evicted { value: String, holders: u64 },
     /// A key of this other type: not a lock, left alone.
     Foreign(String),
 }
@@ -139,7 +139,7 @@ impl Backend {
                 let mut first_error = None;
                 for answer in answers {
                     match answer {
-                        Ok(Forced::Evicted(v)) => best = Some(Forced::Evicted(v)),
+                        Ok(evicted @ Forced::Evicted { .. }) => best = Some(evicted),
                         Ok(other) => {
                             best.get_or_insert(other);
                         }
@@ -212,7 +212,7 @@ impl Backend {
     }
 
     /// Whether the tombstone of `key` names `token`.
-    async fn was_evicted(&self, key: &str, token: &Token, limit: Duration) -> bool {
+    pub(crate) async fn was_evicted(&self, key: &str, token: &Token, limit: Duration) -> bool {
         let tombstone = format!("{key}:evicted");
         let found = match self {
             Backend::Single(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
@@ -273,7 +273,7 @@ macro_rules! operator_commands {
                 keys: &OperatorKeys<'_>,
                 limit: Duration,
             ) -> Result<Forced, LockError> {
-                let (done, value): (i64, String) = self
+                let (done, value, holders): (i64, String, u64) = self
                     .call(limit, false, |mut conn| {
                         let mut inv = Eval::new(&scripts::FORCE_RELEASE, 3);
                         inv.key(keys.lock).key(keys.holders).key(keys.tombstone);
@@ -281,7 +281,7 @@ macro_rules! operator_commands {
                     })
                     .await?;
                 Ok(match done {
-                    1 => Forced::Evicted(value),
+                    1 => Forced::Evicted { value, holders },
                     -1 => Forced::Foreign(value),
                     _ => Forced::Free,
                 })
