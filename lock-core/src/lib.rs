@@ -2,9 +2,11 @@
 //!
 //! A lock here is a **lease**: a Redis key holding a random **token** that
 //! names the owner, with an expiry (the **ttl**). Acquiring is
-//! `SET key token NX PX ttl`; only the holder of the token can renew the
-//! lease or delete it, through small Lua scripts that compare the token
-//! first, so a late release never frees someone else's lock.
+//! `SET key token NX PX ttl` (the value goes on with the holder's name and
+//! the time of acquisition, for [`LockClient::inspect`]); only the holder
+//! of the token can renew the lease or delete it, through small Lua
+//! scripts that compare the token first, so a late release never frees
+//! someone else's lock.
 //!
 //! While a [`LockGuard`] lives, a **heartbeat** renews the lease every ttl/3
 //! and keeps a local **validity** deadline on the monotonic clock. When a
