@@ -281,7 +281,8 @@ async fn a_foreign_key_is_shown_and_left_alone() {
 #[tokio::test]
 async fn holder_names_are_checked() {
     let store = lock_core::MemoryStore::new();
-    for bad in [String::new(), "x".repeat(lock_core::MAX_HOLDER_LEN + 1)] {
+    let too_long = "x".repeat(lock_core::MAX_HOLDER_LEN + 1);
+    for bad in [String::new(), too_long, "two\nlines".to_owned()] {
         let err = LockClient::builder()
             .in_memory(&store)
             .holder_name(bad)

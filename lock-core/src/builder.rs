@@ -252,7 +252,8 @@ impl LockClientBuilder {
     /// The name written into every exclusive lock this client takes, so
     /// that [`LockClient::inspect`], [`LockClient::list`] and `lockctl`
     /// can say who holds a lock (default `hostname:pid`). Up to 256 bytes,
-    /// not empty; give each replica of a service its own (a pod name).
+    /// not empty, no control characters; give each replica of a service
+    /// its own (a pod name).
     ///
     /// The name is for people: ownership is still decided by each
     /// acquisition's random token, so two clients with one name still
@@ -438,13 +439,19 @@ impl LockClientBuilder {
             self.connect_timeout,
             Duration::from_millis(1),
         )?;
-        if let Some(holder) = &self.holder
-            && (holder.is_empty() || holder.len() > MAX_HOLDER_LEN)
-        {
-            return Err(LockError::config(format!(
-                "holder_name is {} bytes; give a name of 1 to {MAX_HOLDER_LEN} bytes",
-                holder.len()
-            )));
+        if let Some(holder) = &self.holder {
+            if holder.is_empty() || holder.len() > MAX_HOLDER_LEN {
+                return Err(LockError::config(format!(
+                    "holder_name is {} bytes; give a name of 1 to {MAX_HOLDER_LEN} bytes",
+                    holder.len()
+                )));
+            }
+            // It is printed in tables and logs: one line, no escapes.
+            if holder.chars().any(char::is_control) {
+                return Err(LockError::config(format!(
+                    "holder_name {holder:?} has control characters; give a printable name"
+                )));
+            }
         }
         if self.prefix.len() > MAX_KEY_LEN / 2 {
             return Err(LockError::config(format!(
