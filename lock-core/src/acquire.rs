@@ -168,7 +168,7 @@ impl LockClient {
         let limit = request.limit(inner.op_timeout);
         let taken = inner
             .backend
-            .take_over(request.keys(None), held.token(), ttl, limit)
+            .take_over(request.keys(None, None), held.token(), ttl, limit)
             .await;
         let Ok(Some(Attempt::Granted { fence })) = taken else {
             return Err(front);
@@ -325,11 +325,16 @@ pub(crate) struct Request<'k> {
 }
 
 impl Request<'_> {
-    fn keys<'a>(&'a self, writer: Option<(&'a str, Duration)>) -> LockKeys<'a> {
+    fn keys<'a>(
+        &'a self,
+        writer: Option<(&'a str, Duration)>,
+        value: Option<&'a [u8]>,
+    ) -> LockKeys<'a> {
         LockKeys {
             lock: &self.storage_key,
             fence: self.fence_key.as_deref(),
             writer,
+            value,
         }
     }
 
@@ -426,7 +431,8 @@ impl Contender for OneKey<'_, '_> {
         }
         // Should this future be dropped before the answer is in, the SET may
         // still be applied: the token is then released in the background.
-        let held = MayHold::new(inner, &request.storage_key, inner.new_token(), request.ttl);
+        let held = MayHold::new(inner, &request.storage_key, Token::generate(), request.ttl);
+        let value = inner.holder.value(held.token());
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let writer = self
@@ -436,7 +442,12 @@ impl Contender for OneKey<'_, '_> {
         // Every backend bounds the call by `limit` as a whole.
         let outcome = inner
             .backend
-            .acquire(request.keys(writer), held.token(), request.ttl, limit)
+            .acquire(
+                request.keys(writer, Some(&value)),
+                held.token(),
+                request.ttl,
+                limit,
+            )
             .await;
         match outcome {
             Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),

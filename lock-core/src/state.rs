@@ -105,12 +105,6 @@ impl LockClient {
 }
 
 impl ClientInner {
-    /// A fresh token for an exclusive acquisition, naming this client as
-    /// the holder.
-    pub(crate) fn new_token(&self) -> Token {
-        Token::generate_for(&self.holder)
-    }
-
     /// Reads the server's clock (`TIME`) to date the acquisitions this
     /// client writes. Best effort: without an answer (an ACL without
     /// `TIME`) the local clock stands in.

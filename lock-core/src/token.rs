@@ -2,7 +2,6 @@
 
 use rand::Rng;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -14,23 +13,13 @@ pub(crate) const TOKEN_BYTES: usize = 16;
 ///
 /// A new token is made for every acquisition, so a lock can only be renewed or
 /// released by the acquisition that took it, never by another task or process
-/// that happens to share a client.
-///
-/// An exclusive lock's value also names its holder (see [`Holder`] and
-/// [`value`](Token::value)); the token alone still decides ownership.
-#[derive(Clone)]
+/// that happens to share a client. An exclusive lock's value goes on with
+/// its holder's name (see [`Holder::value`]); the token alone still decides
+/// ownership.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Token {
     hex: [u8; TOKEN_BYTES * 2],
-    holder: Option<Arc<Holder>>,
 }
-
-impl PartialEq for Token {
-    fn eq(&self, other: &Token) -> bool {
-        self.hex == other.hex
-    }
-}
-
-impl Eq for Token {}
 
 /// The longest holder name a client accepts, in bytes.
 pub const MAX_HOLDER_LEN: usize = 256;
@@ -53,10 +42,6 @@ impl Holder {
         }
     }
 
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Records that the server's clock read `server_ms` around `local_ms`
     /// on this machine's.
     pub(crate) fn learn_offset(&self, server_ms: i64, local_ms: i64) {
@@ -68,6 +53,25 @@ impl Holder {
     /// milliseconds since 1970.
     pub(crate) fn server_now_ms(&self) -> i64 {
         local_now_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// What an exclusive acquisition by `token` stores under the lock key:
+    /// `<token>|<acquired ms>||<holder>`, the acquisition dated now (the
+    /// fence, when there is one, goes between the two bars, written by the
+    /// script that draws it). See `docs/format.md`.
+    ///
+    /// The holder travels beside the token, not inside it: tokens are
+    /// cloned on every acquisition, and a shared `Arc` in each would have
+    /// every task of a busy process bump one reference count.
+    pub(crate) fn value(&self, token: &Token) -> Vec<u8> {
+        let ms = self.server_now_ms();
+        let mut value = Vec::with_capacity(token.hex.len() + 24 + self.name.len());
+        value.extend_from_slice(&token.hex);
+        value.push(b'|');
+        value.extend_from_slice(ms.to_string().as_bytes());
+        value.extend_from_slice(b"||");
+        value.extend_from_slice(self.name.as_bytes());
+        value
     }
 }
 
@@ -91,43 +95,13 @@ pub(crate) fn default_holder_name() -> String {
 }
 
 impl Token {
-    /// A fresh token that names no holder: its value is the token alone.
     pub(crate) fn generate() -> Token {
-        Token {
-            hex: random_hex(),
-            holder: None,
-        }
+        Token { hex: random_hex() }
     }
 
-    /// A fresh token whose lock value names `holder`.
-    pub(crate) fn generate_for(holder: &Arc<Holder>) -> Token {
-        Token {
-            hex: random_hex(),
-            holder: Some(holder.clone()),
-        }
-    }
-
-    /// What an exclusive acquisition stores under the lock key:
-    /// `<token>|<acquired ms>||<holder>` (the fence, when there is one,
-    /// goes between the two bars, written by the script that draws it), or
-    /// the token alone for a token that names no holder. See
-    /// `docs/format.md`.
-    pub(crate) fn value(&self) -> Vec<u8> {
-        let Some(holder) = &self.holder else {
-            return self.hex.to_vec();
-        };
-        let mut value = Vec::with_capacity(self.hex.len() + 20 + holder.name.len());
-        value.extend_from_slice(&self.hex);
-        value.push(b'|');
-        value.extend_from_slice(holder.server_now_ms().to_string().as_bytes());
-        value.extend_from_slice(b"||");
-        value.extend_from_slice(holder.name.as_bytes());
-        value
-    }
-
-    /// The holder this token names, if any.
-    pub(crate) fn holder(&self) -> Option<&Arc<Holder>> {
-        self.holder.as_ref()
+    /// The token's 32 hex digits, as bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.hex
     }
 }
 

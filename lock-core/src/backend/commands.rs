@@ -42,7 +42,7 @@ macro_rules! lock_commands {
                     (None, None) => {
                         self.call(limit, false, |mut conn| {
                             // Sized up front: no regrowth on the hot path.
-                            let value = token.value();
+                            let value = keys.value_of(token);
                             let mut cmd =
                                 redis::Cmd::with_capacity(6, 32 + keys.lock.len() + value.len());
                             cmd.arg("SET")
@@ -67,7 +67,7 @@ macro_rules! lock_commands {
                             let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
                             inv.key(keys.lock)
                                 .key(fence_key)
-                                .arg(token.value())
+                                .arg(keys.value_of(token))
                                 .arg(ttl_ms)
                                 .arg(ttl_millis(fence_retention(ttl)));
                             async move {
@@ -89,7 +89,7 @@ macro_rules! lock_commands {
                             if let Some(fence_key) = fence_key {
                                 inv.key(fence_key);
                             }
-                            inv.arg(token.value())
+                            inv.arg(keys.value_of(token))
                                 .arg(ttl_ms)
                                 .arg(ttl_millis(writer_for));
                             if fence_key.is_some() {
@@ -331,10 +331,11 @@ macro_rules! lock_commands {
                         }
                         let marked = keys.iter().all(|k| k.writer.is_some());
                         let writer_ms = if marked { ttl_millis(writer_for) } else { 0 };
-                        inv.arg(token.value())
-                            .arg(ttl_millis(ttl))
-                            .arg(n)
-                            .arg(writer_ms);
+                        // One value for every key: the token and holder
+                        // are the same, the fences differ (the script
+                        // writes each into its key's value).
+                        let value = keys.first().map_or(token.as_bytes(), |k| k.value_of(token));
+                        inv.arg(value).arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
                         if fenced {
                             inv.arg(ttl_millis(fence_retention(ttl)));
                         }
@@ -569,6 +570,7 @@ mod tests {
             lock: "k",
             fence: None,
             writer: None,
+            value: None,
         };
         let ttl = Duration::from_secs(3);
         let granted = node.acquire(&keys, &token, ttl, LIMIT).await.unwrap();

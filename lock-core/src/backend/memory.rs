@@ -112,33 +112,34 @@ impl State {
 struct Held {
     token: Token,
     expires: Instant,
-    /// When it was taken, in milliseconds since 1970.
-    acquired_ms: i64,
+    /// What a server would store: `<token>|<acquired ms>||<holder>`, or the
+    /// token alone (see `Holder::value`); the fence is added when shown.
+    value: Box<str>,
     fence: Option<u64>,
 }
 
 impl Held {
-    fn new(token: &Token, expires: Instant, fence: Option<u64>) -> Held {
+    fn new(keys: &LockKeys<'_>, token: &Token, expires: Instant, fence: Option<u64>) -> Held {
         Held {
             token: token.clone(),
             expires,
-            acquired_ms: crate::token::local_now_ms(),
+            value: String::from_utf8_lossy(keys.value_of(token)).into(),
             fence,
         }
     }
 
-    /// The value a server would hold (see `Token::value`).
+    /// The value a server would hold, its fence field filled in.
     fn value(&self) -> String {
-        let Some(holder) = self.token.holder() else {
-            return self.token.as_str().to_owned();
+        let (Some(fence), Some((head, rest))) = (self.fence, self.value.split_once('|')) else {
+            return self.value.to_string();
         };
-        let fence = self.fence.map(|f| f.to_string()).unwrap_or_default();
-        format!(
-            "{}|{}|{fence}|{}",
-            self.token.as_str(),
-            self.acquired_ms,
-            holder.name()
-        )
+        let mut fields = rest.splitn(3, '|');
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(acquired), Some(_), Some(holder)) => {
+                format!("{head}|{acquired}|{fence}|{holder}")
+            }
+            _ => self.value.to_string(),
+        }
     }
 }
 
@@ -196,9 +197,10 @@ impl MemoryStore {
         let fence = keys
             .fence
             .map(|fence_key| next_fence(&mut state, fence_key, ttl));
-        state
-            .locks
-            .insert(keys.lock.to_owned(), Held::new(token, now + ttl, fence));
+        state.locks.insert(
+            keys.lock.to_owned(),
+            Held::new(keys, token, now + ttl, fence),
+        );
         if let Some((mark, _)) = keys.writer {
             state.writers.remove(mark);
         }
@@ -228,7 +230,7 @@ impl MemoryStore {
             fences.extend(fence);
             state
                 .locks
-                .insert(k.lock.to_owned(), Held::new(token, now + ttl, fence));
+                .insert(k.lock.to_owned(), Held::new(k, token, now + ttl, fence));
             if let Some((mark, _)) = k.writer {
                 state.writers.remove(mark);
             }
@@ -551,6 +553,7 @@ mod tests {
             lock: "k",
             fence: Some("k:fence"),
             writer: None,
+            value: None,
         };
         let ttl = Duration::from_secs(1);
         let fence = |store: &MemoryStore| {
@@ -589,6 +592,7 @@ mod tests {
             lock: "k",
             fence: None,
             writer: None,
+            value: None,
         };
         assert_eq!(
             store.acquire(&keys, &token, Duration::from_secs(30)),

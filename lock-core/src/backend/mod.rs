@@ -84,6 +84,9 @@ pub(crate) struct LockKeys<'a> {
     /// `scripts::ACQUIRE`). The first attempt without fencing is a plain
     /// `SET NX`.
     pub(crate) writer: Option<(&'a str, Duration)>,
+    /// The value an acquisition stores (see `Holder::value`); the token
+    /// alone when `None`.
+    pub(crate) value: Option<&'a [u8]>,
 }
 
 impl LockKeys<'_> {
@@ -93,7 +96,13 @@ impl LockKeys<'_> {
             lock: self.lock,
             fence: self.fence,
             writer: self.writer,
+            value: self.value,
         }
+    }
+
+    /// What an acquisition by `token` stores under the lock key.
+    pub(crate) fn value_of<'t>(&'t self, token: &'t Token) -> &'t [u8] {
+        self.value.unwrap_or(token.as_bytes())
     }
 }
 

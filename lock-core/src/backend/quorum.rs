@@ -769,6 +769,7 @@ struct OwnedKeys {
     lock: Arc<str>,
     fence: Option<Arc<str>>,
     writer: Option<(Arc<str>, Duration)>,
+    value: Option<Box<[u8]>>,
 }
 
 impl OwnedKeys {
@@ -777,6 +778,7 @@ impl OwnedKeys {
             lock: keys.lock.into(),
             fence: keys.fence.map(Into::into),
             writer: keys.writer.map(|(w, d)| (w.into(), d)),
+            value: keys.value.map(Into::into),
         }
     }
 
@@ -785,6 +787,7 @@ impl OwnedKeys {
             lock: &self.lock,
             fence: self.fence.as_deref(),
             writer: self.writer.as_ref().map(|(w, d)| (&**w, *d)),
+            value: self.value.as_deref(),
         }
     }
 }
