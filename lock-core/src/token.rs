@@ -64,15 +64,34 @@ impl Holder {
     /// cloned on every acquisition, and a shared `Arc` in each would have
     /// every task of a busy process bump one reference count.
     pub(crate) fn value(&self, token: &Token) -> Vec<u8> {
-        let ms = self.server_now_ms();
         let mut value = Vec::with_capacity(token.hex.len() + 24 + self.name.len());
         value.extend_from_slice(&token.hex);
         value.push(b'|');
-        value.extend_from_slice(ms.to_string().as_bytes());
+        push_decimal(&mut value, self.server_now_ms());
         value.extend_from_slice(b"||");
         value.extend_from_slice(self.name.as_bytes());
         value
     }
+}
+
+/// Appends `n` in decimal, without the allocation of `to_string` (this
+/// runs on every acquisition attempt).
+fn push_decimal(out: &mut Vec<u8>, n: i64) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    let mut digits = [0u8; 20];
+    let mut rest = n.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// This machine's clock, in milliseconds since 1970.
@@ -144,6 +163,7 @@ impl redis::ToRedisArgs for Token {
 impl redis::ToSingleRedisArg for Token {}
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::collections::HashSet;
@@ -161,6 +181,22 @@ mod tests {
             );
             assert!(seen.insert(s.to_owned()), "duplicate token {s}");
         }
+    }
+
+    #[test]
+    fn values_carry_the_time_in_decimal_and_the_holder() {
+        for n in [0, 7, 10, 1_764_637_200_123, -42, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+        }
+        let holder = Holder::new("web-1:42");
+        let token = Token::generate();
+        let value = String::from_utf8(holder.value(&token)).unwrap();
+        let fields: Vec<&str> = value.splitn(4, '|').collect();
+        assert_eq!(fields[0], token.as_str());
+        assert!(fields[1].parse::<i64>().unwrap() > 1_700_000_000_000);
+        assert_eq!(&fields[2..], ["", "web-1:42"]);
     }
 
     #[test]
