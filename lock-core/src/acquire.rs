@@ -13,7 +13,7 @@ use crate::observe;
 use crate::options::LockOptions;
 use crate::queue::{Front, HandedLease, Handoff, Next, Owner, Position, Taken, YIELD};
 use crate::state::{ClientInner, LockClient, spawn_release, spawn_release_scope};
-use crate::token::Token;
+use crate::token::{Holder, Token};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -328,13 +328,13 @@ impl Request<'_> {
     fn keys<'a>(
         &'a self,
         writer: Option<(&'a str, Duration)>,
-        value: Option<&'a [u8]>,
+        holder: Option<&'a Arc<Holder>>,
     ) -> LockKeys<'a> {
         LockKeys {
             lock: &self.storage_key,
             fence: self.fence_key.as_deref(),
             writer,
-            value,
+            holder,
         }
     }
 
@@ -432,7 +432,6 @@ impl Contender for OneKey<'_, '_> {
         // Should this future be dropped before the answer is in, the SET may
         // still be applied: the token is then released in the background.
         let held = MayHold::new(inner, &request.storage_key, Token::generate(), request.ttl);
-        let value = inner.holder.value(held.token());
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let writer = self
@@ -443,7 +442,7 @@ impl Contender for OneKey<'_, '_> {
         let outcome = inner
             .backend
             .acquire(
-                request.keys(writer, Some(&value)),
+                request.keys(writer, Some(&inner.holder)),
                 held.token(),
                 request.ttl,
                 limit,

@@ -168,7 +168,6 @@ impl Contender for SeveralKeys<'_, '_> {
         let writer_for = request.writer_for(inner);
         let what = MayHoldKeys::Several(self.keys);
         let held = MayHold::of(inner, &self.keys[0], what, Token::generate(), request.ttl);
-        let value = inner.holder.value(held.token());
         let keys: Vec<LockKeys<'_>> = self
             .keys
             .iter()
@@ -177,7 +176,7 @@ impl Contender for SeveralKeys<'_, '_> {
                 lock,
                 fence: self.fences.as_ref().map(|f| f[i].as_str()),
                 writer: Some((self.writers[i].as_str(), writer_for)),
-                value: Some(&value),
+                holder: Some(&inner.holder),
             })
             .collect();
         let limit = request.limit(inner.op_timeout);

@@ -55,33 +55,75 @@ impl Holder {
         local_now_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
     }
 
-    /// What an exclusive acquisition by `token` stores under the lock key:
-    /// `<token>|<acquired ms>||<holder>`, the acquisition dated now (the
-    /// fence, when there is one, goes between the two bars, written by the
-    /// script that draws it). See `docs/format.md`.
-    ///
-    /// The holder travels beside the token, not inside it: tokens are
-    /// cloned on every acquisition, and a shared `Arc` in each would have
-    /// every task of a busy process bump one reference count.
-    pub(crate) fn value(&self, token: &Token) -> Vec<u8> {
-        let mut value = Vec::with_capacity(token.hex.len() + 24 + self.name.len());
-        value.extend_from_slice(&token.hex);
-        value.push(b'|');
-        push_decimal(&mut value, self.server_now_ms());
-        value.extend_from_slice(b"||");
-        value.extend_from_slice(self.name.as_bytes());
-        value
+    /// What an exclusive acquisition by `token` stores under the lock key
+    /// (see [`Stamped`]).
+    #[cfg(test)]
+    pub(crate) fn stamp<'a>(&'a self, token: &'a Token) -> Stamped<'a> {
+        Stamped {
+            token,
+            holder: Some(self),
+        }
     }
 }
 
-/// Appends `n` in decimal, without the allocation of `to_string` (this
-/// runs on every acquisition attempt).
-fn push_decimal(out: &mut Vec<u8>, n: i64) {
-    if n < 0 {
-        out.push(b'-');
+/// The value of an exclusive lock: `<token>|<acquired ms>||<holder>`, the
+/// acquisition dated when the command is written (the fence, when there is
+/// one, goes between the two bars, written by the script that draws it),
+/// or the token alone without a holder. See `docs/format.md`.
+///
+/// Written straight into the command, from a buffer on the stack: this
+/// runs on every acquisition attempt, the uncontended one included. The
+/// holder travels beside the token, not inside it: tokens are cloned on
+/// every acquisition, and a shared `Arc` in each would have every task of
+/// a busy process bump one reference count.
+#[derive(Clone, Copy)]
+pub(crate) struct Stamped<'a> {
+    pub(crate) token: &'a Token,
+    pub(crate) holder: Option<&'a Holder>,
+}
+
+impl Stamped<'_> {
+    /// Calls `f` with the value's bytes.
+    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        let Some(holder) = self.holder else {
+            return f(&self.token.hex);
+        };
+        let mut buf = [0u8; TOKEN_BYTES * 2 + 24 + MAX_HOLDER_LEN];
+        let mut len = 0;
+        let mut push = |bytes: &[u8]| {
+            let end = (len + bytes.len()).min(buf.len());
+            buf[len..end].copy_from_slice(&bytes[..end - len]);
+            len = end;
+        };
+        push(&self.token.hex);
+        push(b"|");
+        let mut digits = [0u8; 20];
+        push(decimal(holder.server_now_ms(), &mut digits));
+        push(b"||");
+        push(holder.name.as_bytes());
+        f(&buf[..len])
     }
-    let mut digits = [0u8; 20];
-    let mut rest = n.unsigned_abs();
+
+    /// The value as text, for the in-memory store.
+    pub(crate) fn to_text(self) -> String {
+        self.with_bytes(|bytes| String::from_utf8_lossy(bytes).into_owned())
+    }
+}
+
+impl redis::ToRedisArgs for Stamped<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        self.with_bytes(|bytes| out.write_arg(bytes));
+    }
+}
+
+impl redis::ToSingleRedisArg for Stamped<'_> {}
+
+/// `n` in decimal, written at the end of `digits` (no allocation).
+fn decimal(n: i64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut rest = n.max(0).unsigned_abs();
     let mut at = digits.len();
     loop {
         at -= 1;
@@ -91,7 +133,7 @@ fn push_decimal(out: &mut Vec<u8>, n: i64) {
             break;
         }
     }
-    out.extend_from_slice(&digits[at..]);
+    &digits[at..]
 }
 
 /// This machine's clock, in milliseconds since 1970.
@@ -116,11 +158,6 @@ pub(crate) fn default_holder_name() -> String {
 impl Token {
     pub(crate) fn generate() -> Token {
         Token { hex: random_hex() }
-    }
-
-    /// The token's 32 hex digits, as bytes.
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.hex
     }
 }
 
@@ -185,18 +222,20 @@ mod tests {
 
     #[test]
     fn values_carry_the_time_in_decimal_and_the_holder() {
-        for n in [0, 7, 10, 1_764_637_200_123, -42, i64::MAX, i64::MIN] {
-            let mut out = Vec::new();
-            push_decimal(&mut out, n);
-            assert_eq!(out, n.to_string().as_bytes());
+        for n in [0, 7, 10, 1_764_637_200_123, i64::MAX] {
+            let mut digits = [0u8; 20];
+            assert_eq!(decimal(n, &mut digits), n.to_string().as_bytes());
         }
         let holder = Holder::new("web-1:42");
         let token = Token::generate();
-        let value = String::from_utf8(holder.value(&token)).unwrap();
+        let value = holder.stamp(&token).to_text();
         let fields: Vec<&str> = value.splitn(4, '|').collect();
         assert_eq!(fields[0], token.as_str());
         assert!(fields[1].parse::<i64>().unwrap() > 1_700_000_000_000);
         assert_eq!(&fields[2..], ["", "web-1:42"]);
+        let long = Holder::new(&"h".repeat(MAX_HOLDER_LEN));
+        let value = long.stamp(&token).to_text();
+        assert!(value.ends_with(&"h".repeat(MAX_HOLDER_LEN)), "{value}");
     }
 
     #[test]

@@ -43,8 +43,7 @@ macro_rules! lock_commands {
                         self.call(limit, false, |mut conn| {
                             // Sized up front: no regrowth on the hot path.
                             let value = keys.value_of(token);
-                            let mut cmd =
-                                redis::Cmd::with_capacity(6, 32 + keys.lock.len() + value.len());
+                            let mut cmd = redis::Cmd::with_capacity(6, 96 + keys.lock.len());
                             cmd.arg("SET")
                                 .arg(keys.lock)
                                 .arg(value)
@@ -334,8 +333,11 @@ macro_rules! lock_commands {
                         // One value for every key: the token and holder
                         // are the same, the fences differ (the script
                         // writes each into its key's value).
-                        let value = keys.first().map_or(token.as_bytes(), |k| k.value_of(token));
-                        inv.arg(value).arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
+                        match keys.first() {
+                            Some(k) => inv.arg(k.value_of(token)),
+                            None => inv.arg(token),
+                        };
+                        inv.arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
                         if fenced {
                             inv.arg(ttl_millis(fence_retention(ttl)));
                         }
@@ -570,7 +572,7 @@ mod tests {
             lock: "k",
             fence: None,
             writer: None,
-            value: None,
+            holder: None,
         };
         let ttl = Duration::from_secs(3);
         let granted = node.acquire(&keys, &token, ttl, LIMIT).await.unwrap();

@@ -123,7 +123,7 @@ impl Held {
         Held {
             token: token.clone(),
             expires,
-            value: String::from_utf8_lossy(keys.value_of(token)).into(),
+            value: keys.value_of(token).to_text().into(),
             fence,
         }
     }
@@ -553,7 +553,7 @@ mod tests {
             lock: "k",
             fence: Some("k:fence"),
             writer: None,
-            value: None,
+            holder: None,
         };
         let ttl = Duration::from_secs(1);
         let fence = |store: &MemoryStore| {
@@ -592,7 +592,7 @@ mod tests {
             lock: "k",
             fence: None,
             writer: None,
-            value: None,
+            holder: None,
         };
         assert_eq!(
             store.acquire(&keys, &token, Duration::from_secs(30)),

@@ -20,8 +20,9 @@ pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
 use crate::observe;
-use crate::token::Token;
+use crate::token::{Holder, Stamped, Token};
 use futures::future::join_all;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The most keys renewed by one script call.
@@ -84,9 +85,9 @@ pub(crate) struct LockKeys<'a> {
     /// `scripts::ACQUIRE`). The first attempt without fencing is a plain
     /// `SET NX`.
     pub(crate) writer: Option<(&'a str, Duration)>,
-    /// The value an acquisition stores (see `Holder::value`); the token
-    /// alone when `None`.
-    pub(crate) value: Option<&'a [u8]>,
+    /// Who acquires: named in the value an acquisition stores (see
+    /// `Stamped`); the token alone when `None`.
+    pub(crate) holder: Option<&'a Arc<Holder>>,
 }
 
 impl LockKeys<'_> {
@@ -96,13 +97,16 @@ impl LockKeys<'_> {
             lock: self.lock,
             fence: self.fence,
             writer: self.writer,
-            value: self.value,
+            holder: self.holder,
         }
     }
 
     /// What an acquisition by `token` stores under the lock key.
-    pub(crate) fn value_of<'t>(&'t self, token: &'t Token) -> &'t [u8] {
-        self.value.unwrap_or(token.as_bytes())
+    pub(crate) fn value_of<'t>(&'t self, token: &'t Token) -> Stamped<'t> {
+        Stamped {
+            token,
+            holder: self.holder.map(|h| &**h),
+        }
     }
 }
 

@@ -58,7 +58,7 @@ use super::{Attempt, LockKeys, Node, Renewable, Renewal, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
 use crate::observe;
-use crate::token::Token;
+use crate::token::{Holder, Token};
 use futures::future::join_all;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -769,7 +769,7 @@ struct OwnedKeys {
     lock: Arc<str>,
     fence: Option<Arc<str>>,
     writer: Option<(Arc<str>, Duration)>,
-    value: Option<Box<[u8]>>,
+    holder: Option<Arc<Holder>>,
 }
 
 impl OwnedKeys {
@@ -778,7 +778,7 @@ impl OwnedKeys {
             lock: keys.lock.into(),
             fence: keys.fence.map(Into::into),
             writer: keys.writer.map(|(w, d)| (w.into(), d)),
-            value: keys.value.map(Into::into),
+            holder: keys.holder.cloned(),
         }
     }
 
@@ -787,7 +787,7 @@ impl OwnedKeys {
             lock: &self.lock,
             fence: self.fence.as_deref(),
             writer: self.writer.as_ref().map(|(w, d)| (&**w, *d)),
-            value: self.value.as_deref(),
+            holder: self.holder.as_ref(),
         }
     }
 }
