@@ -110,7 +110,10 @@ async fn spans_and_events_name_the_key_and_never_the_token() {
         .lock("order:1", Duration::from_secs(5))
         .await
         .unwrap();
-    let token: String = server.cmd(&["GET", "obs:{order:1}"]);
+    let value: String = server.cmd(&["GET", "obs:{order:1}"]);
+    // The value names the holder after the token (docs/format.md); the
+    // token is what must never be logged.
+    let token = value.split('|').next().unwrap().to_owned();
     let err = other_process
         .lock_with(
             "order:1",
@@ -130,6 +133,14 @@ async fn spans_and_events_name_the_key_and_never_the_token() {
     tokio::time::timeout(Duration::from_secs(2), taken.lost())
         .await
         .unwrap();
+
+    // An operator breaks a lock: a WARN names the evicted holder.
+    let broken = client
+        .lock("order:4", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(other_process.force_release("order:4").await.unwrap());
+    drop(broken);
 
     // Redis gone under a held guard: renewals fail, then the lease is lost.
     let stranded = client
@@ -180,6 +191,14 @@ async fn spans_and_events_name_the_key_and_never_the_token() {
     assert!(!failed.fields["error"].is_empty());
     let lost = find("lock lost", "order:3");
     assert!(lost.fields["reason"].contains("deadline"), "{lost:?}");
+
+    let forced = find(
+        "lock force-released; its holder loses it at its next renewal",
+        "order:4",
+    );
+    assert_eq!(forced.level, Level::WARN);
+    let pid = format!(":{}", std::process::id());
+    assert!(forced.fields["holder"].ends_with(&pid), "{forced:?}");
 
     let everything = format!("{spans:?}{events:?}");
     assert!(!everything.contains(&token), "a token was logged");

@@ -13,7 +13,7 @@ use crate::observe;
 use crate::options::LockOptions;
 use crate::queue::{Front, HandedLease, Handoff, Next, Owner, Position, Taken, YIELD};
 use crate::state::{ClientInner, LockClient, spawn_release, spawn_release_scope};
-use crate::token::Token;
+use crate::token::{Holder, Token};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -169,7 +169,7 @@ impl LockClient {
         let limit = request.limit(inner.op_timeout);
         let taken = inner
             .backend
-            .take_over(request.keys(None), held.token(), ttl, limit)
+            .take_over(request.keys(None, None), held.token(), ttl, limit)
             .await;
         let Ok(Some(Attempt::Granted { fence })) = taken else {
             return Err(front);
@@ -335,11 +335,16 @@ pub(crate) struct Request<'k> {
 }
 
 impl Request<'_> {
-    fn keys<'a>(&'a self, writer: Option<(&'a str, Duration)>) -> LockKeys<'a> {
+    fn keys<'a>(
+        &'a self,
+        writer: Option<(&'a str, Duration)>,
+        holder: Option<&'a Arc<Holder>>,
+    ) -> LockKeys<'a> {
         LockKeys {
             lock: &self.storage_key,
             fence: self.fence_key.as_deref(),
             writer,
+            holder,
         }
     }
 
@@ -447,7 +452,12 @@ impl Contender for OneKey<'_, '_> {
         // Every backend bounds the call by `limit` as a whole.
         let outcome = inner
             .backend
-            .acquire(request.keys(writer), held.token(), request.ttl, limit)
+            .acquire(
+                request.keys(writer, Some(&inner.holder)),
+                held.token(),
+                request.ttl,
+                limit,
+            )
             .await;
         match outcome {
             Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),

@@ -7,6 +7,7 @@ use crate::error::{ErrorKind, LockError};
 use crate::lease::{MAX_KEY_LEN, MIN_TTL, check_duration};
 use crate::queue::HandoffBudget;
 use crate::state::{LockClient, Settings};
+use crate::token::{MAX_HOLDER_LEN, default_holder_name};
 use std::time::Duration;
 
 /// Configures a [`LockClient`]. Every setting but the URL has a default.
@@ -14,6 +15,7 @@ use std::time::Duration;
 /// | setting | default |
 /// | --- | --- |
 /// | [`key_prefix`](Self::key_prefix) | `"lock:"` |
+/// | [`holder_name`](Self::holder_name) | `hostname:pid` |
 /// | [`default_ttl`](Self::default_ttl) | 30 s |
 /// | [`default_wait`](Self::default_wait) | 10 s |
 /// | [`operation_timeout`](Self::operation_timeout) | 2 s |
@@ -37,6 +39,7 @@ pub struct LockClientBuilder {
     cluster: Option<Vec<String>>,
     min_replicas: Option<MinReplicas>,
     prefix: String,
+    holder: Option<String>,
     default_ttl: Duration,
     default_wait: Duration,
     op_timeout: Duration,
@@ -58,6 +61,7 @@ impl Default for LockClientBuilder {
             cluster: None,
             min_replicas: None,
             prefix: "lock:".to_owned(),
+            holder: None,
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
             op_timeout: Duration::from_secs(2),
@@ -245,6 +249,20 @@ impl LockClientBuilder {
         self
     }
 
+    /// The name written into every exclusive lock this client takes, so
+    /// that [`LockClient::inspect`], [`LockClient::list`] and `lockctl`
+    /// can say who holds a lock (default `hostname:pid`). Up to 256 bytes,
+    /// not empty, no control characters; give each replica of a service
+    /// its own (a pod name).
+    ///
+    /// The name is for people: ownership is still decided by each
+    /// acquisition's random token, so two clients with one name still
+    /// exclude each other.
+    pub fn holder_name(mut self, name: impl Into<String>) -> Self {
+        self.holder = Some(name.into());
+        self
+    }
+
     /// The prefix of every key the client writes (default `"lock:"`).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -399,6 +417,7 @@ impl LockClientBuilder {
     pub(crate) fn settings(&self) -> Settings {
         Settings {
             prefix: self.prefix.clone(),
+            holder: self.holder.clone().unwrap_or_else(default_holder_name),
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
             op_timeout: self.op_timeout,
@@ -420,6 +439,20 @@ impl LockClientBuilder {
             self.connect_timeout,
             Duration::from_millis(1),
         )?;
+        if let Some(holder) = &self.holder {
+            if holder.is_empty() || holder.len() > MAX_HOLDER_LEN {
+                return Err(LockError::config(format!(
+                    "holder_name is {} bytes; give a name of 1 to {MAX_HOLDER_LEN} bytes",
+                    holder.len()
+                )));
+            }
+            // It is printed in tables and logs: one line, no escapes.
+            if holder.chars().any(char::is_control) {
+                return Err(LockError::config(format!(
+                    "holder_name {holder:?} has control characters; give a printable name"
+                )));
+            }
+        }
         if self.prefix.len() > MAX_KEY_LEN / 2 {
             return Err(LockError::config(format!(
                 "key prefix is {} bytes; keep it under {}",
@@ -466,6 +499,7 @@ impl LockClientBuilder {
                 self.shown_servers().join(", ")
             ))
         })?;
+        client.inner.learn_server_clock(ping_limit).await;
         Ok(client)
     }
 
@@ -614,6 +648,7 @@ impl LockClientBuilder {
                 "cannot reach the Redis Cluster at {shown}; check the URLs and that it runs"
             ))
         })?;
+        client.inner.learn_server_clock(ping_limit).await;
         Ok(client)
     }
 }

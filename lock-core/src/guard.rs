@@ -4,7 +4,7 @@ use crate::current::LockInfo;
 use crate::error::LockError;
 use crate::heartbeat::Enrolment;
 use crate::hold::{self, Expiry};
-use crate::lease::{Lease, MAX_DURATION, MIN_TTL, Part, Scope, renewal_due};
+use crate::lease::{Lease, LossReason, MAX_DURATION, MIN_TTL, Part, Scope, renewal_due};
 use crate::observe;
 use crate::queue::{Front, HandedLease, Next, Owner, Taken, YIELD};
 use crate::state::{ClientInner, spawn_release_lease};
@@ -214,6 +214,13 @@ impl LockGuard {
         self.lease.is_lost()
     }
 
+    /// Why the lock was lost: `None` while it is held (and after a
+    /// release). [`LossReason::ForceReleased`] when an operator broke it
+    /// (`LockClient::force_release`, `lockctl release`).
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.lease.loss_reason()
+    }
+
     /// Completes when the lock is lost; never, if it stays held.
     ///
     /// ```no_run
@@ -285,7 +292,7 @@ impl LockGuard {
                 Ok(())
             }
             Ok(false) => {
-                lease.mark_lost("an extension found the lock taken over or expired");
+                lease.mark_lost(LossReason::TakenOver);
                 Err(LockError::lost(self.key()))
             }
             Err(e) => Err(e.with_key(self.key())),

@@ -29,7 +29,7 @@
 
 use crate::backend::{BATCH, Backend, Renewable, Renewal};
 use crate::hold::{self, Expiry};
-use crate::lease::{Lease, Scope, renewal_due};
+use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
 use crate::token::Token;
 use futures::future::join_all;
@@ -577,7 +577,11 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
                 Some(renewal_due(sent, due.ttl))
             }
             Renewal::NotOurs => {
-                lease.mark_lost("a renewal found the lock taken over or expired");
+                lease.mark_lost(LossReason::TakenOver);
+                None
+            }
+            Renewal::Evicted => {
+                lease.mark_lost(LossReason::ForceReleased);
                 None
             }
             Renewal::Failed if now >= lease.valid_until() => {

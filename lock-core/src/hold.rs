@@ -4,7 +4,7 @@
 
 use crate::backend::{Backend, MemberKeys, MemberLease};
 use crate::error::LockError;
-use crate::lease::{Lease, Membership, Scope};
+use crate::lease::{Lease, LossReason, Membership, Scope};
 use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
@@ -48,7 +48,7 @@ pub(crate) async fn expire(
             }
         }
     };
-    match &lease.scope {
+    let renewed = match &lease.scope {
         Scope::One => one(&lease.storage_key).await,
         Scope::Several(parts) => every(join_all(parts.iter().map(|p| one(&p.storage_key))).await),
         Scope::Member(membership) => {
@@ -63,6 +63,32 @@ pub(crate) async fn expire(
                 .await?;
             Ok(renewed.first() == Some(&true))
         }
+    };
+    if matches!(renewed, Ok(false)) && evicted(backend, lease, limit).await {
+        // Before the caller marks it lost as taken over: the first reason
+        // given is the one kept.
+        lease.mark_lost(LossReason::ForceReleased);
+    }
+    renewed
+}
+
+/// Whether an operator broke the lease: a tombstone of one of its keys
+/// names its token (see `LockClient::force_release`). Asked only once the
+/// lease is found not ours.
+async fn evicted(backend: &Backend, lease: &Lease, limit: Duration) -> bool {
+    let token = &lease.token;
+    match &lease.scope {
+        Scope::One | Scope::Member(_) => {
+            backend.was_evicted(&lease.storage_key, token, limit).await
+        }
+        Scope::Several(parts) => join_all(
+            parts
+                .iter()
+                .map(|p| backend.was_evicted(&p.storage_key, token, limit)),
+        )
+        .await
+        .into_iter()
+        .any(|evicted| evicted),
     }
 }
 

@@ -166,6 +166,8 @@ impl Contender for SeveralKeys<'_, '_> {
     async fn attempt(&mut self, _retry: bool) -> Result<Self::Won, Lost> {
         let (inner, request) = (self.inner, self.request);
         let writer_for = request.writer_for(inner);
+        let what = MayHoldKeys::Several(self.keys);
+        let held = MayHold::of(inner, &self.keys[0], what, Token::generate(), request.ttl);
         let keys: Vec<LockKeys<'_>> = self
             .keys
             .iter()
@@ -174,10 +176,9 @@ impl Contender for SeveralKeys<'_, '_> {
                 lock,
                 fence: self.fences.as_ref().map(|f| f[i].as_str()),
                 writer: Some((self.writers[i].as_str(), writer_for)),
+                holder: Some(&inner.holder),
             })
             .collect();
-        let what = MayHoldKeys::Several(self.keys);
-        let held = MayHold::of(inner, &self.keys[0], what, Token::generate(), request.ttl);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let outcome = inner

@@ -4,11 +4,68 @@
 use crate::error::LockError;
 use crate::observe;
 use crate::token::Token;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// Why a held lock was lost ([`LockGuard::loss_reason`](crate::LockGuard::loss_reason)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal or an extension found the key gone or held by another
+    /// owner: the lease expired on the server (a pause, a cut-off) and may
+    /// have been taken since.
+    TakenOver,
+    /// The validity deadline passed without a successful renewal: Redis
+    /// did not answer in time, so the lease cannot be trusted any more.
+    Expired,
+    /// `max_hold` was reached.
+    MaxHold,
+    /// An operator broke the lock ([`LockClient::force_release`](crate::LockClient::force_release),
+    /// `lockctl release`); the holder found out at its next renewal.
+    ForceReleased,
+}
+
+/// A lease's state: held.
+const HELD: u8 = 0;
+/// A lease's state: let go by its guard (nothing lost).
+const RETIRED: u8 = 1;
+
+impl LossReason {
+    /// The state of a lease lost for this reason (above [`RETIRED`]).
+    fn code(self) -> u8 {
+        match self {
+            LossReason::TakenOver => 2,
+            LossReason::Expired => 3,
+            LossReason::MaxHold => 4,
+            LossReason::ForceReleased => 5,
+        }
+    }
+
+    /// The reason a lease in state `code` was lost, if it was.
+    fn from_code(code: u8) -> Option<LossReason> {
+        [
+            LossReason::TakenOver,
+            LossReason::Expired,
+            LossReason::MaxHold,
+            LossReason::ForceReleased,
+        ]
+        .into_iter()
+        .find(|reason| reason.code() == code)
+    }
+
+    /// The reason, in words, for logs.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => "a renewal found the lock taken over or expired",
+            LossReason::Expired => "the validity deadline passed without a successful renewal",
+            LossReason::MaxHold => "max_hold reached",
+            LossReason::ForceReleased => "an operator force-released the lock",
+        }
+    }
+}
 
 /// The longest key accepted, prefix included.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -144,7 +201,9 @@ pub(crate) struct Lease {
     /// as an [`Instant`] in nanoseconds after [`epoch`] (an atomic rather than
     /// a mutex: a lease is small when a process holds a million).
     valid_until: AtomicU64,
-    lost: AtomicBool,
+    /// [`HELD`], [`RETIRED`], or lost with a [`LossReason`] (its code):
+    /// one byte for both whether and why.
+    state: AtomicU8,
     lost_notify: Notify,
     /// When this holder got the lock (for the hold time), in nanoseconds
     /// after [`epoch`]; see [`acquired`](Self::acquired).
@@ -215,7 +274,7 @@ impl Lease {
             fence,
             ttl_ms: AtomicU32::new(ttl_millis(ttl)),
             valid_until: AtomicU64::new(to_nanos(valid_until)),
-            lost: AtomicBool::new(false),
+            state: AtomicU8::new(HELD),
             lost_notify: Notify::new(),
             acquired: to_nanos(acquired),
             holds,
@@ -283,7 +342,7 @@ impl Lease {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.load(Ordering::Acquire) {
+        if self.state.load(Ordering::Acquire) != HELD {
             return true;
         }
         if Instant::now() >= self.valid_until() {
@@ -294,12 +353,20 @@ impl Lease {
     }
 
     /// Why a lease whose validity deadline passed is lost.
-    pub(crate) fn deadline_reason(&self) -> &'static str {
+    pub(crate) fn deadline_reason(&self) -> LossReason {
         if self.max_until().is_some_and(|max| Instant::now() >= max) {
-            "max_hold reached"
+            LossReason::MaxHold
         } else {
-            "the validity deadline passed without a successful renewal"
+            LossReason::Expired
         }
+    }
+
+    /// Why the lease was lost; `None` while held, and after a release.
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        if !self.is_lost() {
+            return None;
+        }
+        LossReason::from_code(self.state.load(Ordering::Acquire))
     }
 
     /// How long a release must keep the lease still (`min_hold`), if at all.
@@ -311,11 +378,14 @@ impl Lease {
 
     /// The lock is lost while held, for `reason`: signalled once, and
     /// logged.
-    pub(crate) fn mark_lost(&self, reason: &'static str) {
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
         // Lost is not held, though the guard lives on until dropped.
         self.held.down();
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            observe::lost(self.key(), reason);
+        let lost =
+            self.state
+                .compare_exchange(HELD, reason.code(), Ordering::AcqRel, Ordering::Acquire);
+        if lost.is_ok() {
+            observe::lost(self.key(), reason.text());
             self.lost_notify.notify_waiters();
         }
     }
@@ -323,7 +393,10 @@ impl Lease {
     /// The guard let go: nothing is held any more, nothing went wrong.
     pub(crate) fn retire(&self) {
         self.held.down();
-        if !self.lost.swap(true, Ordering::AcqRel) {
+        let retired =
+            self.state
+                .compare_exchange(HELD, RETIRED, Ordering::AcqRel, Ordering::Acquire);
+        if retired.is_ok() {
             self.lost_notify.notify_waiters();
         }
     }

@@ -2,9 +2,11 @@
 //!
 //! A lock here is a **lease**: a Redis key holding a random **token** that
 //! names the owner, with an expiry (the **ttl**). Acquiring is
-//! `SET key token NX PX ttl`; only the holder of the token can renew the
-//! lease or delete it, through small Lua scripts that compare the token
-//! first, so a late release never frees someone else's lock.
+//! `SET key token NX PX ttl` (the value goes on with the holder's name and
+//! the time of acquisition, for [`LockClient::inspect`]); only the holder
+//! of the token can renew the lease or delete it, through small Lua
+//! scripts that compare the token first, so a late release never frees
+//! someone else's lock.
 //!
 //! While a [`LockGuard`] lives, a **heartbeat** renews the lease every ttl/3
 //! and keeps a local **validity** deadline on the monotonic clock. When a
@@ -101,6 +103,7 @@ mod kinds;
 
 mod builder;
 mod client;
+mod inspect;
 
 #[doc(hidden)]
 pub mod __private {
@@ -119,10 +122,12 @@ pub use global::{
     set_global_client, with_default_client,
 };
 pub use guard::LockGuard;
-pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
+pub use inspect::{LockCursor, LockKind, LockPage, LockState};
+pub use lease::{LossReason, MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use options::LockOptions;
 pub use queue::HandoffBudget;
 pub use state::LockClient;
+pub use token::MAX_HOLDER_LEN;
 
 /// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]

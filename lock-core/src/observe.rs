@@ -9,6 +9,7 @@
 //! | WARN `lock lost`: `key`, `reason` | a held lock found lost |
 //! | DEBUG `lock released`: `key`, `held_ms`, `owned` | each release |
 //! | DEBUG `lock re-entered`: `key` | a nested acquisition of a lock the task holds |
+//! | WARN `lock force-released; ...`: `key`, `holder`, `kind` | [`LockClient::force_release`](crate::LockClient::force_release) broke a lock |
 //!
 //! Keys are logged as the caller named them; tokens never are. With the
 //! `metrics` feature: counters `lock_core_acquired_total`,
@@ -267,4 +268,14 @@ pub(crate) fn unheard_release(reply: redis::RedisResult<redis::Value>) {
         #[cfg(feature = "metrics")]
         metrics::counter!("lock_core_release_failures_total").increment(1);
     }
+}
+
+/// An operator broke a lock (`LockClient::force_release`).
+pub(crate) fn force_released(key: &str, holder: Option<&str>, kind: crate::LockKind) {
+    tracing::warn!(
+        key,
+        holder = holder.unwrap_or("unknown"),
+        kind = ?kind,
+        "lock force-released; its holder loses it at its next renewal"
+    );
 }

@@ -520,7 +520,7 @@ mod tests {
         let stale = first(&queues);
         let lost = lease();
         queues.set_holder("k", stale, &lost, Taken::FromRedis);
-        lost.mark_lost("test");
+        lost.mark_lost(crate::lease::LossReason::TakenOver);
         let fresh = first(&queues);
         assert_ne!(fresh, stale);
         let _waiter = behind(&queues);

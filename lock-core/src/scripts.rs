@@ -88,9 +88,20 @@ impl Eval {
 /// error (an ACL refusal), which the script returns as its answer, so that
 /// it still reads as a permission error.
 ///
+/// And `owns(value, token)`: whether a lock value belongs to `token`: the
+/// value is the token, or starts with it and a `|` (the holder's name and
+/// the time of acquisition follow; see `docs/format.md`). A foreign
+/// client's value (redis-py's 32 hex digits) never matches our token. It
+/// runs in every release and renewal, so it makes no new Lua string (no
+/// `string.sub`, no `..`): a byte test, then a plain find that matches at
+/// the first position.
+///
 /// And `not_ours(key, token)`: `nil` when `key` holds `token`, otherwise
 /// what the script answers (0, or the error), the check every script that
 /// acts on our own lock starts with.
+///
+/// And `with_fence(value, fence)`: the value with its fence field (the
+/// third) set to `fence`; a value without fields stays as it is.
 macro_rules! lua_read {
     () => {
         r#"local function read(key)
@@ -103,15 +114,31 @@ macro_rules! lua_read {
   end
   return false, value
 end
+local function owns(value, token)
+  if value == token then
+    return true
+  end
+  if not value or string.byte(value, #token + 1) ~= 124 then
+    return false
+  end
+  return string.find(value, token, 1, true) == 1
+end
 local function not_ours(key, token)
   local ok, value = read(key)
   if not ok then
     return value or 0
   end
-  if value ~= token then
+  if not owns(value, token) then
     return 0
   end
   return nil
+end
+local function with_fence(value, fence)
+  local head, tail = string.match(value, "^([^|]*|[^|]*|)[^|]*(|.*)$")
+  if not head then
+    return value
+  end
+  return head .. string.format("%.0f", tonumber(fence)) .. tail
 end
 "#
     };
@@ -243,29 +270,37 @@ return 1"#
 /// `SET NX PX` and, when it succeeds, the next fencing token.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter (same hash slot), `ARGV[1]`
-/// token, `ARGV[2]` ttl in milliseconds, `ARGV[3]` how long the counter is
+/// the lock's value (its fence field empty: the script writes the fence
+/// there), `ARGV[2]` ttl in milliseconds, `ARGV[3]` how long the counter is
 /// kept, in milliseconds (refreshed at every fenced acquisition). Returns
 /// the new fencing token, or 0 when the lock key exists (held, or of
 /// another type: `SET NX` fails on either). Tokens keep growing across
 /// holders, also across a counter that expired (see `lua_fence!`).
 ///
-/// When the counter cannot be raised (another program's key of another
-/// type or not a number, an ACL without `TIME`), the lock just set is
-/// deleted again and that error is the answer: Redis does not undo a
-/// script's writes, and a lock nobody knows was granted would stay held for
-/// its whole ttl. An error, not 0: the lock can never be granted while the
+/// The fence is drawn before the key is set (the key checked free first,
+/// in the same script), so the value carries it. When the counter cannot
+/// be raised (another program's key of another type or not a number, an
+/// ACL without `TIME`), nothing is set and that error is the answer: a
+/// lock nobody knows was granted would stay held for its whole ttl. An
+/// error, not 0: the lock can never be granted while the
 /// counter key stays as it is, and "busy" would have the caller wait for
 /// nothing.
 pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        lua_read!(),
         lua_fence!(),
-        r#"if not redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+        r#"local ok, held = read(KEYS[1])
+if not ok and held then
+  return held
+end
+if held or not ok then
   return 0
 end
 local fence = next_fence(KEYS[2], ARGV[3])
 if type(fence) == "table" then
-  redis.call("DEL", KEYS[1])
+  return fence
 end
+redis.call("SET", KEYS[1], with_fence(ARGV[1], fence), "PX", ARGV[2])
 return fence"#
     ))
 });
@@ -275,7 +310,8 @@ return fence"#
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]`
 /// the fencing token chosen for this acquisition, `ARGV[3]` how long the
-/// counter is kept, in milliseconds (refreshed here too). Returns 1 when the
+/// counter is kept, in milliseconds (refreshed here too); the lock's value
+/// gets the chosen token as its fence. Returns 1 when the
 /// lock is ours here (and the counter is at least `ARGV[2]`), 0 otherwise: also
 /// when either key is another program's (another type, or a counter that is
 /// not a number), so the lift does not count on this server.
@@ -298,6 +334,11 @@ if current < tonumber(ARGV[2]) then
   redis.call("SET", KEYS[2], ARGV[2], "PX", ARGV[3])
 else
   redis.call("PEXPIRE", KEYS[2], ARGV[3])
+end
+local value = redis.call("GET", KEYS[1])
+local fenced = with_fence(value, ARGV[2])
+if fenced ~= value then
+  redis.call("SET", KEYS[1], fenced, "KEEPTTL")
 end
 return 1"#
     ))
@@ -322,7 +363,7 @@ for i, key in ipairs(KEYS) do
     return value
   end
   renewed[i] = 0
-  if ok and value == ARGV[2 * i - 1] then
+  if ok and owns(value, ARGV[2 * i - 1]) then
     local ttl = tonumber(ARGV[2 * i])
     if redis.call("PTTL", key) < ttl then
       redis.call("PEXPIRE", key, ttl)
@@ -363,7 +404,12 @@ if KEYS[2] then
     return answer
   end
 end
-redis.call("PEXPIRE", KEYS[1], ARGV[2])
+if KEYS[2] then
+  local value = redis.call("GET", KEYS[1])
+  redis.call("SET", KEYS[1], with_fence(value, answer), "PX", ARGV[2])
+else
+  redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
 return answer"#
     ))
 });
@@ -409,7 +455,8 @@ end
 /// `KEYS[1]` lock key, `KEYS[2]` its writer-waiting mark, optional
 /// `KEYS[3]` fence counter (all one hash slot); `ARGV[1]` token, `ARGV[2]`
 /// ttl in milliseconds, `ARGV[3]` how long the writer mark lasts, in
-/// milliseconds, `ARGV[4]` (with a counter) how long the counter is kept.
+/// milliseconds, `ARGV[4]` (with a counter) how long the counter is kept;
+/// `ARGV[1]` is the lock's value (the fence goes into its fence field).
 /// Returns `{1, fence}` (fence 0 without a counter) or `{0, pttl,
 /// foreign}`, `foreign` 1 when the holder's value is not one of ours (see
 /// [`lua_foreign`]): its release will publish nothing.
@@ -418,26 +465,30 @@ end
 /// exclusive waiter) keeps new shared holders out while an exclusive one
 /// waits, so a stream of readers cannot starve it; the attempt that wins
 /// deletes it, so readers queue behind a writer only while one waits. When the counter cannot
-/// be raised, the lock just set is deleted again and the error is the
-/// answer (see [`ACQUIRE_FENCED`]).
+/// be raised, nothing is set and the error is the answer (see
+/// [`ACQUIRE_FENCED`]).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
         lua_fence!(),
         lua_foreign!(),
-        r#"if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+        r#"local ok, held = read(KEYS[1])
+if not ok and held then
+  return held
+end
+if ok and not held then
+  local fence, value = 0, ARGV[1]
+  if KEYS[3] then
+    fence = next_fence(KEYS[3], ARGV[4])
+    if type(fence) == "table" then
+      return fence
+    end
+    value = with_fence(value, fence)
+  end
+  redis.call("SET", KEYS[1], value, "PX", ARGV[2])
   redis.call("DEL", KEYS[2])
-  if not KEYS[3] then
-    return {1, 0}
-  end
-  local fence = next_fence(KEYS[3], ARGV[4])
-  if type(fence) == "table" then
-    redis.call("DEL", KEYS[1])
-    return fence
-  end
   return {1, fence}
 end
-local ok, held = read(KEYS[1])
 if ok and held == "shared" then
   redis.call("SET", KEYS[2], "1", "PX", ARGV[3])
 end
@@ -456,8 +507,10 @@ return {0, redis.call("PTTL", KEYS[1]), foreign(held)}"#
 /// fencing) how long the counters are kept. Returns `{1, fence_1, ..,
 /// fence_n}` (fences 0 without counters), or `{0, i, pttl}` for the first
 /// held key, whose waiters' release message the caller then listens for.
-/// A key of another type reads as held. A counter that cannot be raised
-/// undoes every key set and is the answer.
+/// A key of another type reads as held. The fences are drawn before any
+/// key is set: a counter that cannot be raised leaves every key unset and
+/// is the answer. `ARGV[1]` is the lock's value, each key's fence written
+/// into its fence field.
 pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         lua_read!(),
@@ -477,22 +530,23 @@ for i = 1, n do
 end
 local answer = {1}
 for i = 1, n do
-  redis.call("SET", KEYS[i], ARGV[1], "PX", ARGV[2])
-  if ARGV[4] ~= "0" then
-    redis.call("DEL", KEYS[n + i])
-  end
   answer[i + 1] = 0
-end
-if KEYS[2 * n + 1] then
-  for i = 1, n do
+  if KEYS[2 * n + 1] then
     local fence = next_fence(KEYS[2 * n + i], ARGV[5])
     if type(fence) == "table" then
-      for j = 1, n do
-        redis.call("DEL", KEYS[j])
-      end
       return fence
     end
     answer[i + 1] = fence
+  end
+end
+for i = 1, n do
+  local value = ARGV[1]
+  if KEYS[2 * n + 1] then
+    value = with_fence(value, answer[i + 1])
+  end
+  redis.call("SET", KEYS[i], value, "PX", ARGV[2])
+  if ARGV[4] ~= "0" then
+    redis.call("DEL", KEYS[n + i])
   end
 end
 return answer"#
@@ -615,6 +669,83 @@ return renewed"#
     ))
 });
 
+/// What holds a lock key now, for operators (`LockClient::inspect`).
+///
+/// `KEYS[1]` lock key, `KEYS[2]` its holder set. Returns `{state, pttl,
+/// now_ms, value, holders}`: `state` is `free`, `held` or `foreign` (a key
+/// of another type, whose type is then the value); `now_ms` the server's
+/// clock (`TIME`); `holders` the live members of the holder set for a
+/// shared or permits marker, 1 for an exclusive holder. Writes nothing.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_members!(),
+        r#"local now = clock_ms()
+local ok, value = read(KEYS[1])
+if not ok and value then
+  return value
+end
+if not ok then
+  return {"foreign", redis.call("PTTL", KEYS[1]), now, redis.call("TYPE", KEYS[1]).ok, 0}
+end
+if not value then
+  return {"free", -2, now, "", 0}
+end
+local count = 1
+if is_marker(value) then
+  count = redis.call("ZCOUNT", KEYS[2], "(" .. now, "+inf")
+end
+return {"held", redis.call("PTTL", KEYS[1]), now, value, count}"#
+    ))
+});
+
+/// Deletes whatever holds a lock key, for operators
+/// (`LockClient::force_release`), and tells its waiters.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` its holder set, `KEYS[3]` its tombstone
+/// (`<lock key>:evicted`). An exclusive holder's token, or every shared
+/// holder's, goes into the tombstone for as long as the evicted lease had
+/// left (added to the tokens already there), so the holders can tell at
+/// their next renewal that they were evicted rather than expired. Returns
+/// `{1, value, holders}` with the value removed and how many live holders
+/// it had, `{0, "", 0}` when the key was free, `{-1, type, 0}` for a key
+/// of another type, which is left alone: it is not a lock.
+pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        lua_read!(),
+        lua_members!(),
+        r#"local ok, value = read(KEYS[1])
+if not ok and value then
+  return value
+end
+if not ok then
+  return {-1, redis.call("TYPE", KEYS[1]).ok, 0}
+end
+if not value then
+  return {0, "", 0}
+end
+local pttl = redis.call("PTTL", KEYS[1])
+local evicted = string.match(value, "^[^|]*")
+local count = 1
+if is_marker(value) then
+  count = redis.call("ZCOUNT", KEYS[2], "(" .. clock_ms(), "+inf")
+  evicted = table.concat(redis.call("ZRANGE", KEYS[2], 0, -1), " ")
+  redis.call("DEL", KEYS[2])
+end
+redis.call("DEL", KEYS[1])
+if pttl > 0 and evicted ~= "" then
+  local known, old = read(KEYS[3])
+  if known and old then
+    evicted = old .. " " .. evicted
+    pttl = math.max(pttl, redis.call("PTTL", KEYS[3]))
+  end
+  redis.call("SET", KEYS[3], evicted, "PX", pttl)
+end
+redis.call("PUBLISH", KEYS[1], "")
+return {1, value, count}"#
+    ))
+});
+
 /// The scripts against a real `redis-server`.
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
@@ -692,6 +823,29 @@ mod tests {
         assert_eq!(renewed, 1);
         let left = pttl(&server, "forever");
         assert!(left > 0 && left <= 1000, "{left}");
+    }
+
+    #[tokio::test]
+    async fn a_value_is_ours_when_it_is_the_token_or_starts_with_it_and_a_bar() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let () = server.cmd(&["SET", "k", "tok|1700000000000||web-1", "PX", "10000"]);
+        for (token, ours) in [("tok", 1), ("to", 0), ("tok|", 0), ("tok|1", 0), ("x", 0)] {
+            let renewed: i64 = call(&mut conn, &RENEW, &["k"], &[token, "20000"])
+                .await
+                .unwrap();
+            assert_eq!(renewed, ours, "{token}");
+        }
+        // The Redlock lift writes the chosen fence into the value.
+        let lifted: i64 = call(&mut conn, &LIFT_FENCE, &["k", "f"], &["tok", "42", "60000"])
+            .await
+            .unwrap();
+        assert_eq!(lifted, 1);
+        let value: String = server.cmd(&["GET", "k"]);
+        assert_eq!(value, "tok|1700000000000|42|web-1");
+        assert!(pttl(&server, "k") > 5000, "the lift kept the expiry");
+        let released: i64 = call(&mut conn, &RELEASE, &["k"], &["tok"]).await.unwrap();
+        assert_eq!(released, 1);
     }
 
     #[tokio::test]

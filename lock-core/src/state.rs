@@ -8,7 +8,7 @@ use crate::heartbeat::Heartbeat;
 use crate::hold::{self, Expiry};
 use crate::lease::{Lease, MAX_KEY_LEN, Scope};
 use crate::queue::{HandoffBudget, Queues};
-use crate::token::Token;
+use crate::token::{Holder, Token, local_now_ms};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -46,6 +46,9 @@ pub struct LockClient {
 pub(crate) struct ClientInner {
     pub(crate) backend: Arc<Backend>,
     pub(crate) prefix: String,
+    /// Who this client's locks name as their holder, and its estimate of
+    /// the server's clock.
+    pub(crate) holder: Arc<Holder>,
     pub(crate) default_ttl: Duration,
     pub(crate) default_wait: Duration,
     pub(crate) op_timeout: Duration,
@@ -71,6 +74,7 @@ impl fmt::Debug for LockClient {
 /// The settings every client has, whatever its backend.
 pub(crate) struct Settings {
     pub(crate) prefix: String,
+    pub(crate) holder: String,
     pub(crate) default_ttl: Duration,
     pub(crate) default_wait: Duration,
     pub(crate) op_timeout: Duration,
@@ -88,6 +92,7 @@ impl LockClient {
                 queues: Queues::default(),
                 handoff: settings.handoff,
                 wakeups,
+                holder: Arc::new(Holder::new(&settings.holder)),
                 prefix: settings.prefix,
                 default_ttl: settings.default_ttl,
                 default_wait: settings.default_wait,
@@ -100,6 +105,18 @@ impl LockClient {
 }
 
 impl ClientInner {
+    /// Reads the server's clock (`TIME`) to date the acquisitions this
+    /// client writes. Best effort: without an answer (an ACL without
+    /// `TIME`) the local clock stands in.
+    pub(crate) async fn learn_server_clock(&self, limit: Duration) {
+        let before = local_now_ms();
+        if let Ok(server_ms) = self.backend.server_time_ms(limit).await {
+            let after = local_now_ms();
+            self.holder
+                .learn_offset(server_ms, before + (after - before) / 2);
+        }
+    }
+
     /// The Redis key a lock named `key` is stored under: the prefix, then the
     /// key inside braces (a hash tag, so the lock and its fence counter share
     /// a Redis Cluster slot).

@@ -7,7 +7,7 @@ use super::{
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
 use crate::scripts::{self, Eval};
-use crate::token::{TOKEN_BYTES, Token};
+use crate::token::Token;
 use futures::StreamExt;
 use futures::future::join_all;
 use std::time::Duration;
@@ -48,13 +48,11 @@ macro_rules! lock_commands {
                     (None, None) => {
                         self.call(limit, false, |mut conn| {
                             // Sized up front: no regrowth on the hot path.
-                            let mut cmd = redis::Cmd::with_capacity(
-                                6,
-                                32 + keys.lock.len() + 2 * TOKEN_BYTES,
-                            );
+                            let value = keys.value_of(token);
+                            let mut cmd = redis::Cmd::with_capacity(6, 96 + keys.lock.len());
                             cmd.arg("SET")
                                 .arg(keys.lock)
-                                .arg(token)
+                                .arg(value)
                                 .arg("NX")
                                 .arg("PX")
                                 .arg(ttl_ms);
@@ -74,7 +72,7 @@ macro_rules! lock_commands {
                             let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
                             inv.key(keys.lock)
                                 .key(fence_key)
-                                .arg(token)
+                                .arg(keys.value_of(token))
                                 .arg(ttl_ms)
                                 .arg(ttl_millis(fence_retention(ttl)));
                             async move {
@@ -96,7 +94,9 @@ macro_rules! lock_commands {
                             if let Some(fence_key) = fence_key {
                                 inv.key(fence_key);
                             }
-                            inv.arg(token).arg(ttl_ms).arg(ttl_millis(writer_for));
+                            inv.arg(keys.value_of(token))
+                                .arg(ttl_ms)
+                                .arg(ttl_millis(writer_for));
                             if fence_key.is_some() {
                                 inv.arg(ttl_millis(fence_retention(ttl)));
                             }
@@ -385,7 +385,14 @@ macro_rules! lock_commands {
                         }
                         let marked = keys.iter().all(|k| k.writer.is_some());
                         let writer_ms = if marked { ttl_millis(writer_for) } else { 0 };
-                        inv.arg(token).arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
+                        // One value for every key: the token and holder
+                        // are the same, the fences differ (the script
+                        // writes each into its key's value).
+                        match keys.first() {
+                            Some(k) => inv.arg(k.value_of(token)),
+                            None => inv.arg(token),
+                        };
+                        inv.arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
                         if fenced {
                             inv.arg(ttl_millis(fence_retention(ttl)));
                         }
@@ -638,6 +645,7 @@ mod tests {
             lock: "k",
             fence: None,
             writer: None,
+            holder: None,
         };
         let ttl = Duration::from_secs(3);
         let granted = node.acquire(&keys, &token, ttl, LIMIT).await.unwrap();

@@ -6,6 +6,7 @@
 //! tokio's clock (`tokio::time::pause`, `#[tokio::test(start_paused = true)]`)
 //! see leases expire exactly when the clock is advanced.
 
+use super::operators::{Forced, RawState, glob_match};
 use super::wakeup::Channels;
 use super::{Attempt, Joined, LockKeys, MemberKeys, MemberLease, Renewable, Renewal, Several};
 use crate::lease::fence_retention;
@@ -57,6 +58,9 @@ struct State {
     groups: HashMap<String, Group>,
     /// Writer marks: when each expires.
     writers: HashMap<String, Instant>,
+    /// Tombstones of force-released locks: the evicted tokens, and until
+    /// when they are kept.
+    evicted: HashMap<String, (Vec<Token>, Instant)>,
 }
 
 /// The holders of a shared lock or of permits.
@@ -108,6 +112,35 @@ impl State {
 struct Held {
     token: Token,
     expires: Instant,
+    /// What a server would store: `<token>|<acquired ms>||<holder>`, or the
+    /// token alone (see `Holder::value`); the fence is added when shown.
+    value: Box<str>,
+    fence: Option<u64>,
+}
+
+impl Held {
+    fn new(keys: &LockKeys<'_>, token: &Token, expires: Instant, fence: Option<u64>) -> Held {
+        Held {
+            token: token.clone(),
+            expires,
+            value: keys.value_of(token).to_text().into(),
+            fence,
+        }
+    }
+
+    /// The value a server would hold, its fence field filled in.
+    fn value(&self) -> String {
+        let (Some(fence), Some((head, rest))) = (self.fence, self.value.split_once('|')) else {
+            return self.value.to_string();
+        };
+        let mut fields = rest.splitn(3, '|');
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(acquired), Some(_), Some(holder)) => {
+                format!("{head}|{acquired}|{fence}|{holder}")
+            }
+            _ => self.value.to_string(),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -163,19 +196,16 @@ impl MemoryStore {
                 foreign: false,
             };
         }
+        let fence = keys
+            .fence
+            .map(|fence_key| next_fence(&mut state, fence_key, ttl));
         state.locks.insert(
             keys.lock.to_owned(),
-            Held {
-                token: token.clone(),
-                expires: now + ttl,
-            },
+            Held::new(keys, token, now + ttl, fence),
         );
         if let Some((mark, _)) = keys.writer {
             state.writers.remove(mark);
         }
-        let fence = keys
-            .fence
-            .map(|fence_key| next_fence(&mut state, fence_key, ttl));
         Attempt::Granted { fence }
     }
 
@@ -196,18 +226,15 @@ impl MemoryStore {
         }
         let mut fences = Vec::new();
         for k in keys {
-            state.locks.insert(
-                k.lock.to_owned(),
-                Held {
-                    token: token.clone(),
-                    expires: now + ttl,
-                },
-            );
+            let fence = k
+                .fence
+                .map(|fence_key| next_fence(&mut state, fence_key, ttl));
+            fences.extend(fence);
+            state
+                .locks
+                .insert(k.lock.to_owned(), Held::new(k, token, now + ttl, fence));
             if let Some((mark, _)) = k.writer {
                 state.writers.remove(mark);
-            }
-            if let Some(fence_key) = k.fence {
-                fences.push(next_fence(&mut state, fence_key, ttl));
             }
         }
         Several::Granted(fences)
@@ -364,7 +391,105 @@ impl MemoryStore {
         let fence = keys
             .fence
             .map(|fence_key| next_fence(&mut state, fence_key, ttl));
+        if let (Some(fence), Some(held)) = (fence, state.locks.get_mut(keys.lock)) {
+            held.fence = Some(fence);
+        }
         Some(Attempt::Granted { fence })
+    }
+
+    /// What holds `key` now, as `scripts::INSPECT` answers.
+    pub(crate) fn inspect(&self, key: &str) -> Option<RawState> {
+        let now = Instant::now();
+        let now_ms = crate::token::local_now_ms();
+        let mut state = self.inner.lock();
+        let left = |until: Instant| {
+            i64::try_from(until.saturating_duration_since(now).as_millis()).unwrap_or(i64::MAX)
+        };
+        if let Some(held) = state.locks.get(key).filter(|h| h.expires > now) {
+            return Some(RawState {
+                value: held.value(),
+                foreign: false,
+                pttl_ms: left(held.expires),
+                now_ms,
+                holders: 1,
+            });
+        }
+        let group = state.groups.get_mut(key)?;
+        if !group.prune(now) {
+            return None;
+        }
+        let last = group.holders.iter().map(|(_, e)| *e).max()?;
+        Some(RawState {
+            value: group.marker.clone(),
+            foreign: false,
+            pttl_ms: left(last),
+            now_ms,
+            holders: group.holders.len() as u64,
+        })
+    }
+
+    /// Removes whatever holds `key` and wakes its waiters, as
+    /// `scripts::FORCE_RELEASE` does.
+    pub(crate) fn force_release(&self, key: &str) -> Forced {
+        let Some(found) = self.inspect(key) else {
+            return Forced::Free;
+        };
+        {
+            let mut state = self.inner.lock();
+            let mut tokens: Vec<Token> = state
+                .locks
+                .remove(key)
+                .map(|h| h.token)
+                .into_iter()
+                .collect();
+            if let Some(group) = state.groups.remove(key) {
+                tokens.extend(group.holders.into_iter().map(|(t, _)| t));
+            }
+            let keep =
+                Instant::now() + Duration::from_millis(u64::try_from(found.pttl_ms).unwrap_or(0));
+            let now = Instant::now();
+            state.evicted.retain(|_, (_, until)| *until > now);
+            let tomb = state
+                .evicted
+                .entry(key.to_owned())
+                .or_insert((Vec::new(), keep));
+            tomb.0.extend(tokens);
+            tomb.1 = tomb.1.max(keep);
+        }
+        self.publish(key);
+        Forced::Evicted {
+            value: found.value,
+            holders: found.holders,
+        }
+    }
+
+    /// Whether `key`'s tombstone names `token`.
+    pub(crate) fn was_evicted(&self, key: &str, token: &Token) -> bool {
+        let now = Instant::now();
+        let state = self.inner.lock();
+        state
+            .evicted
+            .get(key)
+            .is_some_and(|(tokens, until)| *until > now && tokens.contains(token))
+    }
+
+    /// The keys held now that match `pattern` (a `SCAN MATCH` pattern).
+    pub(crate) fn keys_matching(&self, pattern: &str) -> Vec<String> {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        let mut keys: Vec<String> = state
+            .locks
+            .iter()
+            .filter(|(key, held)| held.expires > now && glob_match(pattern, key))
+            .map(|(key, _)| key.clone())
+            .collect();
+        let groups = state
+            .groups
+            .iter_mut()
+            .filter(|(key, g)| g.holders.iter().any(|(_, e)| *e > now) && glob_match(pattern, key));
+        keys.extend(groups.map(|(key, _)| key.clone()));
+        keys.sort();
+        keys
     }
 
     pub(crate) fn release(&self, key: &str, token: &Token) -> bool {
@@ -430,6 +555,7 @@ mod tests {
             lock: "k",
             fence: Some("k:fence"),
             writer: None,
+            holder: None,
         };
         let ttl = Duration::from_secs(1);
         let fence = |store: &MemoryStore| {
@@ -468,6 +594,7 @@ mod tests {
             lock: "k",
             fence: None,
             writer: None,
+            holder: None,
         };
         assert_eq!(
             store.acquire(&keys, &token, Duration::from_secs(30)),

@@ -5,6 +5,7 @@ mod cluster;
 mod commands;
 mod memory;
 mod node;
+mod operators;
 mod quorum;
 mod shared;
 mod wakeup;
@@ -13,13 +14,15 @@ mod wire;
 pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;
 pub(crate) use node::{MinReplicas, Node, redact};
+pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
 use crate::observe;
-use crate::token::Token;
+use crate::token::{Holder, Stamped, Token};
 use futures::future::join_all;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The most keys renewed by one script call.
@@ -89,6 +92,9 @@ impl Batched {
 pub(crate) enum Renewal {
     Renewed,
     NotOurs,
+    /// Not ours because an operator broke the lock (its tombstone names
+    /// our token).
+    Evicted,
     /// No answer, or not enough of them: nobody can tell.
     Failed,
 }
@@ -127,6 +133,9 @@ pub(crate) struct LockKeys<'a> {
     /// `scripts::ACQUIRE`). The first attempt without fencing is a plain
     /// `SET NX`.
     pub(crate) writer: Option<(&'a str, Duration)>,
+    /// Who acquires: named in the value an acquisition stores (see
+    /// `Stamped`); the token alone when `None`.
+    pub(crate) holder: Option<&'a Arc<Holder>>,
 }
 
 impl LockKeys<'_> {
@@ -136,6 +145,15 @@ impl LockKeys<'_> {
             lock: self.lock,
             fence: self.fence,
             writer: self.writer,
+            holder: self.holder,
+        }
+    }
+
+    /// What an acquisition by `token` stores under the lock key.
+    pub(crate) fn value_of<'t>(&'t self, token: &'t Token) -> Stamped<'t> {
+        Stamped {
+            token,
+            holder: self.holder.map(|h| &**h),
         }
     }
 }
@@ -366,12 +384,23 @@ impl Backend {
         }
     }
 
-    /// Renews a round of leases; one answer per lease, in order.
+    /// Renews a round of leases; one answer per lease, in order. A lease
+    /// found not ours is looked up in its key's tombstone, to tell an
+    /// operator's eviction from an expiry (see `operators.rs`).
     pub(crate) async fn renew_many<R: Renewable>(
         &self,
         due: &[R],
         limit: Duration,
     ) -> Vec<Renewal> {
+        let mut answers = self.renew_round(due, limit).await;
+        if answers.iter().any(|a| matches!(a, Renewal::NotOurs)) {
+            self.tell_evicted(due, &mut answers, limit).await;
+        }
+        answers
+    }
+
+    /// [`renew_many`](Self::renew_many) without the tombstone lookup.
+    async fn renew_round<R: Renewable>(&self, due: &[R], limit: Duration) -> Vec<Renewal> {
         match self {
             Backend::Single(node) => node.renew_many(due, limit).await.renewals(due),
             // One script call per lease, all at once: a script with the

@@ -58,7 +58,7 @@ use super::{Attempt, LockKeys, Node, Renewable, Renewal, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
 use crate::observe;
-use crate::token::Token;
+use crate::token::{Holder, Token};
 use futures::future::join_all;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -774,6 +774,7 @@ struct OwnedKeys {
     lock: Arc<str>,
     fence: Option<Arc<str>>,
     writer: Option<(Arc<str>, Duration)>,
+    holder: Option<Arc<Holder>>,
 }
 
 impl OwnedKeys {
@@ -782,6 +783,7 @@ impl OwnedKeys {
             lock: keys.lock.into(),
             fence: keys.fence.map(Into::into),
             writer: keys.writer.map(|(w, d)| (w.into(), d)),
+            holder: keys.holder.cloned(),
         }
     }
 
@@ -790,6 +792,7 @@ impl OwnedKeys {
             lock: &self.lock,
             fence: self.fence.as_deref(),
             writer: self.writer.as_ref().map(|(w, d)| (&**w, *d)),
+            holder: self.holder.as_ref(),
         }
     }
 }

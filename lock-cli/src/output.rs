@@ -1,0 +1,243 @@
+//! What lockctl prints: a table or lines for people, JSON for scripts.
+
+use lock_core::{LockKind, LockState};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// `list`: one row per lock.
+pub(crate) fn list(locks: &[LockState], json: bool) {
+    if json {
+        let rows: Vec<Value> = locks.iter().map(state_json).collect();
+        println!("{}", Value::Array(rows));
+        return;
+    }
+    if locks.is_empty() {
+        println!("no locks held");
+        return;
+    }
+    let header = [
+        "KEY".to_owned(),
+        "HOLDER".to_owned(),
+        "HELD FOR".to_owned(),
+        "REMAINING".to_owned(),
+        "FENCING TOKEN".to_owned(),
+    ];
+    let rows: Vec<[String; 5]> = locks
+        .iter()
+        .map(|s| {
+            [
+                s.key().to_owned(),
+                holder_text(s),
+                duration_or(s.held_for(), "-"),
+                remaining_text(s),
+                s.fencing_token().map_or("-".to_owned(), |f| f.to_string()),
+            ]
+        })
+        .collect();
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+}
+
+/// `show`: the lock's fields, one per line.
+pub(crate) fn show(state: &LockState, json: bool) {
+    if json {
+        println!("{}", state_json(state));
+        return;
+    }
+    println!("key:           {}", state.key());
+    println!("kind:          {}", kind_text(state.kind()));
+    println!("holder:        {}", holder_text(state));
+    println!(
+        "held for:      {}",
+        duration_or(state.held_for(), "unknown")
+    );
+    println!("remaining:     {}", remaining_text(state));
+    println!(
+        "fencing token: {}",
+        state
+            .fencing_token()
+            .map_or("none".to_owned(), |f| f.to_string())
+    );
+}
+
+/// `show` of a free key.
+pub(crate) fn free(key: &str, json: bool) {
+    if json {
+        println!("{}", json!({ "key": key, "held": false }));
+    } else {
+        println!("{key} is free");
+    }
+}
+
+/// `release`: who was evicted, if anyone.
+pub(crate) fn released(key: &str, evicted: Option<&LockState>, json: bool) {
+    if json {
+        println!(
+            "{}",
+            json!({
+                "key": key,
+                "released": evicted.is_some(),
+                "evicted": evicted.map(state_json),
+            })
+        );
+        return;
+    }
+    match evicted {
+        Some(state) => println!(
+            "released {key}: evicted {} (held for {}, fencing token {})",
+            holder_text(state),
+            duration_or(state.held_for(), "an unknown time"),
+            state
+                .fencing_token()
+                .map_or("none".to_owned(), |f| f.to_string()),
+        ),
+        None => println!("{key} was not held; nothing released"),
+    }
+}
+
+/// `watch`: one line for a change of holder.
+pub(crate) fn change(key: &str, state: Option<&LockState>, json: bool) {
+    if json {
+        let line = match state {
+            Some(state) => state_json(state),
+            None => json!({ "key": key, "held": false }),
+        };
+        println!("{line}");
+        return;
+    }
+    match state {
+        Some(state) => println!(
+            "{key}: held by {} (for {}, {} left)",
+            holder_text(state),
+            duration_or(state.held_for(), "an unknown time"),
+            remaining_text(state)
+        ),
+        None => println!("{key}: free"),
+    }
+}
+
+/// What tells one holding from the next, for `watch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holding {
+    kind: LockKind,
+    holder: Option<String>,
+    fence: Option<u64>,
+    holders: u64,
+    /// When it was taken, by this machine's clock (from `held_for`).
+    since: Option<std::time::SystemTime>,
+}
+
+impl Holding {
+    pub(crate) fn of(state: &LockState) -> Holding {
+        Holding {
+            kind: state.kind(),
+            holder: state.holder().map(str::to_owned),
+            fence: state.fencing_token(),
+            holders: state.holders(),
+            since: state
+                .held_for()
+                .and_then(|held| std::time::SystemTime::now().checked_sub(held)),
+        }
+    }
+
+    /// Whether two looks saw the same holding: the same holder, taken at
+    /// the same time give or take the clocks' jitter.
+    pub(crate) fn same(a: Option<&Holding>, b: Option<&Holding>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                let close = match (a.since, b.since) {
+                    (Some(x), Some(y)) => {
+                        let gap = x.duration_since(y).or_else(|_| y.duration_since(x));
+                        gap.is_ok_and(|gap| gap < Duration::from_millis(250))
+                    }
+                    (None, None) => true,
+                    _ => false,
+                };
+                a.kind == b.kind
+                    && a.holder == b.holder
+                    && a.fence == b.fence
+                    && a.holders == b.holders
+                    && close
+            }
+            _ => false,
+        }
+    }
+}
+
+fn state_json(state: &LockState) -> Value {
+    json!({
+        "key": state.key(),
+        "held": true,
+        "kind": kind_text(state.kind()),
+        "holder": state.holder(),
+        "holders": state.holders(),
+        "held_for_ms": state.held_for().map(millis),
+        "remaining_ms": state.expires().then(|| millis(state.remaining())),
+        "fencing_token": state.fencing_token(),
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn kind_text(kind: LockKind) -> String {
+    match kind {
+        LockKind::Exclusive => "exclusive".to_owned(),
+        LockKind::Shared => "shared".to_owned(),
+        LockKind::Permits(n) => format!("permits:{n}"),
+        LockKind::Foreign => "not a lock".to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+fn holder_text(state: &LockState) -> String {
+    match (state.kind(), state.holder()) {
+        (_, Some(holder)) => holder.to_owned(),
+        (LockKind::Shared, None) => format!("{} shared holders", state.holders()),
+        (LockKind::Permits(n), None) => format!("{} of {n} permits", state.holders()),
+        (LockKind::Foreign, None) => "(not a lock)".to_owned(),
+        _ => "(unnamed)".to_owned(),
+    }
+}
+
+fn remaining_text(state: &LockState) -> String {
+    if state.expires() {
+        human(state.remaining())
+    } else {
+        "never expires".to_owned()
+    }
+}
+
+/// `d` for people, or `otherwise` when unknown.
+pub(crate) fn duration_or(d: Option<Duration>, otherwise: &str) -> String {
+    d.map_or_else(|| otherwise.to_owned(), human)
+}
+
+/// 850ms, 12.3s, 4m05s, 2h03m.
+fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    let secs = d.as_secs();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if secs < 60 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if secs < 3600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60)
+    }
+}

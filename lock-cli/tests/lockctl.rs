@@ -1,0 +1,178 @@
+//! `lockctl` as an operator runs it: the built binary against a
+//! `redis-server` of the test's own (never the one on port 6379).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use lock_core::{LockClient, LockOptions, LossReason};
+use lock_testkit::RedisServer;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn lockctl(server: &RedisServer, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .arg("--url")
+        .arg(server.url())
+        .arg("--prefix")
+        .arg("app:")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("lockctl runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn client(server: &RedisServer, holder: &str) -> LockClient {
+    LockClient::builder()
+        .url(server.url())
+        .key_prefix("app:")
+        .holder_name(holder)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_name_the_holders() {
+    let server = RedisServer::start();
+    let a = client(&server, "billing-7").await;
+    let _one = a.lock("order:1", TTL).await.unwrap();
+    let fenced = a
+        .lock_with("order:2", LockOptions::new(TTL).fencing(true))
+        .await
+        .unwrap();
+    let fence = fenced.fencing_token().unwrap().to_string();
+
+    let out = lockctl(&server, &["list"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.starts_with("KEY"), "{table}");
+    assert!(
+        table.contains("order:1") && table.contains("order:2"),
+        "{table}"
+    );
+    assert!(
+        table.contains("billing-7") && table.contains(&fence),
+        "{table}"
+    );
+
+    let out = lockctl(&server, &["--json", "list", "order:2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!(rows[0]["holder"], "billing-7");
+    assert_eq!(rows[0]["fencing_token"].to_string(), fence);
+
+    let out = lockctl(&server, &["show", "order:1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("billing-7"));
+
+    let out = lockctl(&server, &["show", "order:3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout).trim(), "order:3 is free");
+    let out = lockctl(&server, &["--json", "show", "order:3"]);
+    assert_eq!(out.status.code(), Some(1));
+    let free: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(free["held"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_refuses_without_a_terminal_and_breaks_with_force() {
+    let server = RedisServer::start();
+    let a = client(&server, "stuck-worker").await;
+    let held = a.lock("job", TTL).await.unwrap();
+
+    let out = lockctl(&server, &["release", "job"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--force") && err.contains("not a terminal"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!held.is_lost());
+
+    let out = lockctl(&server, &["release", "job", "--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("evicted stuck-worker"), "{said}");
+    tokio::time::timeout(TTL, held.lost()).await.unwrap();
+    assert_eq!(held.loss_reason(), Some(LossReason::ForceReleased));
+
+    let out = lockctl(&server, &["--json", "release", "job", "--force"]);
+    assert!(out.status.success());
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["released"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_each_change_of_holder() {
+    let server = RedisServer::start();
+    let a = client(&server, "first").await;
+    let b = client(&server, "second").await;
+    let first = a.lock("w", TTL).await.unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--url", &server.url(), "--prefix", "app:", "watch", "w"])
+        .args(["--interval-ms", "50", "--changes", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::task::spawn_blocking(move || {
+        let line = lines.next().unwrap().unwrap();
+        (line, lines)
+    })
+    .await
+    .unwrap();
+    assert!(line.0.contains("held by first"), "{}", line.0);
+    first.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = b.lock("w", TTL).await.unwrap();
+    let rest = tokio::task::spawn_blocking(move || {
+        let mut lines = line.1;
+        let a = lines.next().unwrap().unwrap();
+        let b = lines.next().unwrap().unwrap();
+        (a, b)
+    })
+    .await
+    .unwrap();
+    assert_eq!(rest.0, "w: free");
+    assert!(rest.1.contains("held by second"), "{}", rest.1);
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    second.release().await.unwrap();
+}
+
+#[test]
+fn bad_url_unreachable_server_and_wrong_password_are_one_line_errors() {
+    let run = |url: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(["--url", url, "--timeout-ms", "500", "list"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let check = |out: &Output, needle: &str| {
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.starts_with("lockctl: error:"), "{err}");
+        assert!(err.to_lowercase().contains(needle), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    check(&run("http://nowhere"), "url");
+    // A port nobody listens on: a server started and stopped.
+    let mut gone = RedisServer::start();
+    let url = gone.url();
+    gone.stop();
+    check(&run(&url), "reach");
+    let secured = RedisServer::builder().password("right-one").start();
+    let url = format!("redis://:wrong-one@127.0.0.1:{}", secured.port());
+    check(&run(&url), "pass");
+}

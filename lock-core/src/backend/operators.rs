@@ -1,0 +1,496 @@
+//! What operators ask of the servers: what holds a key, breaking a lock,
+//! and which locks exist (`SCAN`, never `KEYS`).
+//!
+//! These talk in keys and raw answers; `crate::inspect` turns them into the
+//! public [`LockState`](crate::LockState).
+
+use super::{Backend, ClusterNode, Node, Renewable, Renewal};
+use crate::error::{ErrorKind, LockError};
+use crate::scripts::{self, Eval};
+use crate::token::Token;
+use futures::future::join_all;
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use std::time::Duration;
+
+/// How many keys one `SCAN` call looks at (its `COUNT`).
+const SCAN_COUNT: usize = 200;
+
+/// What a lock key held when it was looked at, as the server said it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawState {
+    /// The value: an exclusive lock's value, a marker (`shared`,
+    /// `permits:N`), or for a key of another type, that type.
+    pub(crate) value: String,
+    /// Whether the key holds another type than a string.
+    pub(crate) foreign: bool,
+    /// `PTTL`: -1 without expiry.
+    pub(crate) pttl_ms: i64,
+    /// The server's clock, in milliseconds since 1970.
+    pub(crate) now_ms: i64,
+    /// Live shared holders or permits; 1 for an exclusive holder.
+    pub(crate) holders: u64,
+}
+
+/// What a forced release found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Forced {
+    /// Nothing held the key.
+    Free,
+    /// This value held it, with this many live holders, and was removed.
+    Evicted { value: String, holders: u64 },
+    /// A key of this other type: not a lock, left alone.
+    Foreign(String),
+}
+
+/// Where a listing goes on: which server (of a cluster's primaries, in
+/// address order) and that server's `SCAN` cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ScanAt {
+    pub(crate) server: usize,
+    pub(crate) cursor: u64,
+}
+
+/// One page of lock keys, and where the next starts (`None`: done).
+pub(crate) struct KeyPage {
+    pub(crate) keys: Vec<String>,
+    pub(crate) next: Option<ScanAt>,
+}
+
+/// The keys of one lock an operator acts on.
+pub(crate) struct OperatorKeys<'a> {
+    pub(crate) lock: &'a str,
+    pub(crate) holders: &'a str,
+    pub(crate) tombstone: &'a str,
+}
+
+impl Backend {
+    /// The server's clock in milliseconds (`TIME`); the first server's on
+    /// Redlock, this machine's in memory.
+    pub(crate) async fn server_time_ms(&self, limit: Duration) -> Result<i64, LockError> {
+        let time = |mut conn| async move {
+            let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+            Ok(secs * 1000 + micros / 1000)
+        };
+        match self {
+            Backend::Single(node) => node.call(limit, true, time).await,
+            Backend::Cluster(node) => {
+                node.call(limit, true, |mut conn| async move {
+                    let (secs, micros): (i64, i64) =
+                        redis::cmd("TIME").query_async(&mut conn).await?;
+                    Ok(secs * 1000 + micros / 1000)
+                })
+                .await
+            }
+            Backend::Redlock(quorum) => match quorum.nodes().first() {
+                Some(node) => node.call(limit, true, time).await,
+                None => Ok(crate::token::local_now_ms()),
+            },
+            Backend::Memory(_) => Ok(crate::token::local_now_ms()),
+        }
+    }
+
+    /// What holds `keys.lock` now; on Redlock, the first server that
+    /// answers that it is held (a lock there holds one value everywhere).
+    pub(crate) async fn inspect(
+        &self,
+        keys: &OperatorKeys<'_>,
+        limit: Duration,
+    ) -> Result<Option<RawState>, LockError> {
+        match self {
+            Backend::Single(node) => node.inspect(keys, limit).await,
+            Backend::Cluster(node) => node.inspect(keys, limit).await,
+            Backend::Redlock(quorum) => {
+                let answers = join_all(quorum.nodes().iter().map(|n| n.inspect(keys, limit))).await;
+                let mut first_error = None;
+                let mut any = false;
+                for answer in answers {
+                    match answer {
+                        Ok(Some(state)) => return Ok(Some(state)),
+                        Ok(None) => any = true,
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                match first_error {
+                    Some(e) if !any => Err(e),
+                    _ => Ok(None),
+                }
+            }
+            Backend::Memory(store) => Ok(store.inspect(keys.lock)),
+        }
+    }
+
+    /// Removes whatever holds `keys.lock`, publishes the wake-up and leaves
+    /// the tombstone; on Redlock on every server (evicted where any was).
+    pub(crate) async fn force_release(
+        &self,
+        keys: &OperatorKeys<'_>,
+        limit: Duration,
+    ) -> Result<Forced, LockError> {
+        match self {
+            Backend::Single(node) => node.force_release(keys, limit).await,
+            Backend::Cluster(node) => node.force_release(keys, limit).await,
+            Backend::Redlock(quorum) => {
+                let answers =
+                    join_all(quorum.nodes().iter().map(|n| n.force_release(keys, limit))).await;
+                let mut best = None;
+                let mut first_error = None;
+                for answer in answers {
+                    match answer {
+                        Ok(evicted @ Forced::Evicted { .. }) => best = Some(evicted),
+                        Ok(other) => {
+                            best.get_or_insert(other);
+                        }
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                match (best, first_error) {
+                    (Some(forced), _) => Ok(forced),
+                    (None, Some(e)) => Err(e),
+                    (None, None) => Ok(Forced::Free),
+                }
+            }
+            Backend::Memory(store) => Ok(store.force_release(keys.lock)),
+        }
+    }
+
+    /// One page of the keys matching `pattern` (a `SCAN MATCH` pattern),
+    /// from `at`. A cluster is scanned primary by primary; Redlock has no
+    /// listing (the servers' key sets differ while locks come and go).
+    pub(crate) async fn scan(
+        &self,
+        pattern: &str,
+        at: ScanAt,
+        limit: Duration,
+    ) -> Result<KeyPage, LockError> {
+        match self {
+            Backend::Single(node) => {
+                let (cursor, keys) = node.scan_once(pattern, at.cursor, limit).await?;
+                let next = (cursor != 0).then_some(ScanAt { server: 0, cursor });
+                Ok(KeyPage { keys, next })
+            }
+            Backend::Cluster(node) => node.scan_page(pattern, at, limit).await,
+            Backend::Redlock(_) => Err(LockError::config(
+                "listing locks is not available on Redlock: ask each server with \
+                 a client of its own, or inspect a key you know",
+            )),
+            Backend::Memory(store) => Ok(KeyPage {
+                keys: store.keys_matching(pattern),
+                next: None,
+            }),
+        }
+    }
+}
+
+impl Backend {
+    /// Turns the `NotOurs` answers of a renewal round into `Evicted` where
+    /// the key's tombstone names the lease's token. A second call, and only
+    /// for leases already lost: the renewal itself stays as it was, and the
+    /// uncontended path pays nothing. Without an answer a lease stays
+    /// `NotOurs`.
+    pub(crate) async fn tell_evicted<R: Renewable>(
+        &self,
+        due: &[R],
+        answers: &mut [Renewal],
+        limit: Duration,
+    ) {
+        let lost: Vec<usize> = (0..due.len().min(answers.len()))
+            .filter(|&i| matches!(answers[i], Renewal::NotOurs))
+            .collect();
+        let checks = lost
+            .iter()
+            .map(|&i| self.was_evicted(due[i].storage_key(), due[i].token(), limit));
+        for (i, evicted) in lost.iter().zip(join_all(checks).await) {
+            if evicted {
+                answers[*i] = Renewal::Evicted;
+            }
+        }
+    }
+
+    /// Whether the tombstone of `key` names `token`.
+    pub(crate) async fn was_evicted(&self, key: &str, token: &Token, limit: Duration) -> bool {
+        let tombstone = format!("{key}:evicted");
+        let found = match self {
+            Backend::Single(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
+            Backend::Cluster(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
+            Backend::Redlock(quorum) => {
+                let answers = join_all(
+                    quorum
+                        .nodes()
+                        .iter()
+                        .map(|n| n.tombstone(&tombstone, limit)),
+                )
+                .await;
+                answers.into_iter().flatten().flatten().next()
+            }
+            Backend::Memory(store) => return store.was_evicted(key, token),
+        };
+        found.is_some_and(|tokens| tokens.split(' ').any(|t| t == token.as_str()))
+    }
+}
+
+/// The scripts' answers, for one server or a cluster's slot.
+macro_rules! operator_commands {
+    ($server:ty) => {
+        impl $server {
+            /// [`scripts::INSPECT`] on this server.
+            pub(crate) async fn inspect(
+                &self,
+                keys: &OperatorKeys<'_>,
+                limit: Duration,
+            ) -> Result<Option<RawState>, LockError> {
+                let answer: Vec<Value> = self
+                    .call(limit, true, |mut conn| {
+                        let mut inv = Eval::new(&scripts::INSPECT, 2);
+                        inv.key(keys.lock).key(keys.holders);
+                        async move { inv.invoke(&mut conn).await }
+                    })
+                    .await?;
+                raw_state(&answer)
+            }
+
+            /// The tokens a tombstone names (space-separated), if any.
+            pub(crate) async fn tombstone(
+                &self,
+                tombstone: &str,
+                limit: Duration,
+            ) -> Result<Option<String>, LockError> {
+                self.call(limit, true, |mut conn| {
+                    let mut cmd = redis::cmd("GET");
+                    cmd.arg(tombstone);
+                    async move { cmd.query_async(&mut conn).await }
+                })
+                .await
+            }
+
+            /// [`scripts::FORCE_RELEASE`] on this server.
+            pub(crate) async fn force_release(
+                &self,
+                keys: &OperatorKeys<'_>,
+                limit: Duration,
+            ) -> Result<Forced, LockError> {
+                let (done, value, holders): (i64, String, u64) = self
+                    .call(limit, false, |mut conn| {
+                        let mut inv = Eval::new(&scripts::FORCE_RELEASE, 3);
+                        inv.key(keys.lock).key(keys.holders).key(keys.tombstone);
+                        async move { inv.invoke(&mut conn).await }
+                    })
+                    .await?;
+                Ok(match done {
+                    1 => Forced::Evicted { value, holders },
+                    -1 => Forced::Foreign(value),
+                    _ => Forced::Free,
+                })
+            }
+        }
+    };
+}
+
+operator_commands!(Node);
+operator_commands!(ClusterNode);
+
+impl Node {
+    /// One `SCAN cursor MATCH pattern COUNT n`.
+    async fn scan_once(
+        &self,
+        pattern: &str,
+        cursor: u64,
+        limit: Duration,
+    ) -> Result<(u64, Vec<String>), LockError> {
+        self.call(limit, true, |mut conn| {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            async move { cmd.query_async(&mut conn).await }
+        })
+        .await
+    }
+}
+
+impl ClusterNode {
+    /// One `SCAN` call on the primary `at.server` (in address order); the
+    /// next page moves to the next primary once this one is done.
+    async fn scan_page(
+        &self,
+        pattern: &str,
+        at: ScanAt,
+        limit: Duration,
+    ) -> Result<KeyPage, LockError> {
+        let primaries = self.primaries(limit).await?;
+        let Some((host, port)) = primaries.get(at.server).cloned() else {
+            return Ok(KeyPage {
+                keys: Vec::new(),
+                next: None,
+            });
+        };
+        let (cursor, keys): (u64, Vec<String>) = self
+            .call(limit, true, |mut conn| {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(at.cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port,
+                });
+                async move {
+                    let answer = conn.route_command(cmd, routing).await?;
+                    Ok(redis::from_redis_value(answer)?)
+                }
+            })
+            .await?;
+        let next = if cursor != 0 {
+            Some(ScanAt {
+                server: at.server,
+                cursor,
+            })
+        } else if at.server + 1 < primaries.len() {
+            Some(ScanAt {
+                server: at.server + 1,
+                cursor: 0,
+            })
+        } else {
+            None
+        };
+        Ok(KeyPage { keys, next })
+    }
+
+    /// The primaries' addresses, sorted (`CLUSTER SLOTS`).
+    async fn primaries(&self, limit: Duration) -> Result<Vec<(String, u16)>, LockError> {
+        let slots: Value = self
+            .call(limit, true, |mut conn| async move {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let mut primaries = primaries_of(&slots);
+        primaries.sort();
+        primaries.dedup();
+        Ok(primaries)
+    }
+}
+
+/// The primary of each slot range in a `CLUSTER SLOTS` answer:
+/// `[[start, end, [host, port, id, ..], replicas..], ..]`.
+fn primaries_of(slots: &Value) -> Vec<(String, u16)> {
+    let Value::Array(ranges) = slots else {
+        return Vec::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| match range {
+            Value::Array(fields) => match fields.get(2) {
+                Some(Value::Array(node)) => {
+                    let host: String = redis::from_redis_value_ref(node.first()?).ok()?;
+                    let port: u16 = redis::from_redis_value_ref(node.get(1)?).ok()?;
+                    Some((host, port))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// [`scripts::INSPECT`]'s answer.
+fn raw_state(answer: &[Value]) -> Result<Option<RawState>, LockError> {
+    let malformed =
+        || LockError::new(ErrorKind::Server).with_message("the inspection answered in a bad shape");
+    let [state, pttl, now, value, holders] = answer else {
+        return Err(malformed());
+    };
+    let state: String = redis::from_redis_value_ref(state).map_err(|_| malformed())?;
+    if state == "free" {
+        return Ok(None);
+    }
+    Ok(Some(RawState {
+        value: redis::from_redis_value_ref(value).map_err(|_| malformed())?,
+        foreign: state == "foreign",
+        pttl_ms: redis::from_redis_value_ref(pttl).map_err(|_| malformed())?,
+        now_ms: redis::from_redis_value_ref(now).map_err(|_| malformed())?,
+        holders: redis::from_redis_value_ref(holders).map_err(|_| malformed())?,
+    }))
+}
+
+/// A `SCAN MATCH` pattern that matches `text` literally.
+pub(crate) fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Whether `text` matches the glob `pattern` as `SCAN MATCH` does, for the
+/// in-memory store: `*`, `?`, `\x` and `[...]` classes (`^` negates, `a-z`
+/// ranges).
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    glob_at(&p, &t)
+}
+
+fn glob_at(p: &[char], t: &[char]) -> bool {
+    match p.first() {
+        None => t.is_empty(),
+        Some('*') => (0..=t.len()).any(|i| glob_at(&p[1..], &t[i..])),
+        Some('?') => !t.is_empty() && glob_at(&p[1..], &t[1..]),
+        Some('\\') if p.len() > 1 => t.first() == Some(&p[1]) && glob_at(&p[2..], &t[1..]),
+        Some('[') => {
+            let Some(close) = p.iter().position(|c| *c == ']') else {
+                return t.first() == Some(&'[') && glob_at(&p[1..], &t[1..]);
+            };
+            let Some(c) = t.first() else {
+                return false;
+            };
+            let class = &p[1..close];
+            let (negate, class) = match class.first() {
+                Some('^') => (true, &class[1..]),
+                _ => (false, class),
+            };
+            let mut hit = false;
+            let mut i = 0;
+            while i < class.len() {
+                if i + 2 < class.len() && class[i + 1] == '-' {
+                    hit |= class[i] <= *c && *c <= class[i + 2];
+                    i += 3;
+                } else {
+                    hit |= class[i] == *c;
+                    i += 1;
+                }
+            }
+            hit != negate && glob_at(&p[close + 1..], &t[1..])
+        }
+        Some(c) => t.first() == Some(c) && glob_at(&p[1..], &t[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_as_scan_does() {
+        assert!(glob_match("lock:{*}", "lock:{order:42}"));
+        assert!(!glob_match("lock:{*}", "lock:{order:42}:fence"));
+        assert!(glob_match("order:?", "order:4"));
+        assert!(glob_match("order:[0-9]", "order:4"));
+        assert!(!glob_match("order:[^0-9]", "order:4"));
+        assert!(glob_match(&glob_escape("a*b"), "a*b"));
+        assert!(!glob_match(&glob_escape("a*b"), "axb"));
+    }
+}
