@@ -323,7 +323,7 @@ async fn a_frozen_redlock_server_costs_a_contended_wait_at_most_its_node_timeout
     drop(guard);
 }
 
-/// The tokens of the `SET ... NX` commands for `key` that `server` runs
+/// The tokens of the acquisition attempts on `key` that `server` runs
 /// while `during` runs, seen through `MONITOR`.
 async fn tokens_sent<F: Future>(server: &RedisServer, key: &str, during: F) -> Vec<String> {
     const MARKER: &str = "end-of-tokens-sent";
@@ -339,6 +339,7 @@ async fn tokens_sent<F: Future>(server: &RedisServer, key: &str, during: F) -> V
     let quoted = format!("\"{key}\"");
     let watcher = std::thread::spawn(move || {
         let mut tokens = Vec::new();
+        let (mut last, mut reloaded): (Option<String>, bool) = (None, false);
         // Until the marker the test sends last: every command sent before
         // it is in the stream by then.
         loop {
@@ -348,9 +349,31 @@ async fn tokens_sent<F: Future>(server: &RedisServer, key: &str, during: F) -> V
             if line.contains(MARKER) {
                 return tokens;
             }
+            // An attempt is the first `SET NX`, or a script call (a retry
+            // reads the key first and sets nothing while it is held) whose
+            // arguments carry the attempt's value: its token, then `|`.
             let words: Vec<&str> = line.split_whitespace().skip(3).collect();
-            if words.first() == Some(&"\"SET\"") && words.get(1) == Some(&quoted.as_str()) {
-                tokens.push(words[2].trim_matches('"').to_owned());
+            if words.first() == Some(&"\"SCRIPT\"") {
+                reloaded = true;
+            }
+            let sent = matches!(
+                words.first(),
+                Some(&"\"SET\"" | &"\"EVALSHA\"" | &"\"EVAL\"")
+            );
+            if sent && words.contains(&quoted.as_str()) {
+                let token = words.iter().map(|w| w.trim_matches('"')).find(|w| {
+                    w.len() > 32
+                        && w.as_bytes()[32] == b'|'
+                        && w[..32].bytes().all(|b| b.is_ascii_hexdigit())
+                });
+                // The same value again right after a `SCRIPT LOAD` is that
+                // call sent again after `NOSCRIPT`: one attempt.
+                let resent = reloaded && token.is_some_and(|t| last.as_deref() == Some(&t[..32]));
+                reloaded = false;
+                last = token.map(|t| t[..32].to_owned());
+                if let (Some(token), false) = (token, resent) {
+                    tokens.push(token[..32].to_owned());
+                }
             }
         }
     });
