@@ -1,7 +1,7 @@
 //! What operators ask of the servers: what holds a key, breaking a lock,
 //! and which locks exist (`SCAN`, never `KEYS`).
 //!
-//! These talk in keys and raw answers; `crate::inspect` turns them into the
+//! These talk in keys and raw answers; the client's `inspect` module turns them into the
 //! public [`LockState`](crate::LockState).
 
 use super::{Backend, ClusterNode, Node, Renewable, Renewal};
