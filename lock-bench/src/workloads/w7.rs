@@ -196,7 +196,8 @@ async fn waited(waiter: tokio::task::JoinHandle<BenchResult<u64>>) -> BenchResul
     }
 }
 
-/// One release row: `ctx.w7_rounds` rounds of [`release_round`].
+/// One release row: `ctx.w7_rounds` rounds (after one unmeasured) of a holder on a
+/// plain connection that releases while a lock-core waiter waits.
 async fn release_row(
     ctx: &Context,
     label: &'static str,
