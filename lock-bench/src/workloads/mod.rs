@@ -135,6 +135,33 @@ impl Context {
     }
 }
 
+/// Starts this executable again with `args` (a W3p worker, a W7 holder),
+/// its stdin and stdout piped to the caller and its stderr shared; `what`
+/// names it in the error when a pipe is missing.
+pub fn spawn_self(
+    args: &[&str],
+    what: &str,
+) -> BenchResult<(
+    std::process::Child,
+    std::process::ChildStdin,
+    std::process::ChildStdout,
+)> {
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(fail(format!("{what} has no stdin or stdout")));
+    };
+    Ok((child, stdin, stdout))
+}
+
 /// Says on stderr what is being measured (stdout is for the table).
 pub fn progress(workload: WorkloadId, imp: Impl) {
     eprintln!("lock-bench: {} {}", workload.name(), imp.label());

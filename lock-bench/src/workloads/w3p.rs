@@ -17,14 +17,16 @@
 //! parent kills and reaps any worker still running when it gives up.
 
 use super::w3::{ROWS, contended_params, nanos};
-use super::{ContendedRun, Context, WorkloadId, contended_row, progress, run_contended, warm_up};
+use super::{
+    ContendedRun, Context, WorkloadId, contended_row, progress, run_contended, spawn_self, warm_up,
+};
 use crate::args::{WORKER_FLAG, WorkerArgs};
 use crate::contenders::{Impl, Locker};
 use crate::error::{BenchResult, fail};
 use crate::report::{Row, WorkloadResult};
 use crate::stats::{Record, wall_ns};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,20 +108,22 @@ struct Worker {
 impl Worker {
     /// Starts this executable in worker mode.
     fn spawn(imp: Impl, url: &str, task_base: u32) -> BenchResult<Worker> {
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .args([WORKER_FLAG, "w3p", "--impl", imp.id(), "--url", url])
-            .args(["--key", "w3p", "--tasks", &TASKS_PER_PROCESS.to_string()])
-            .args(["--task-base", &task_base.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(fail("a W3p worker has no stdin or stdout"));
-        };
+        let (tasks, base) = (TASKS_PER_PROCESS.to_string(), task_base.to_string());
+        let args = [
+            WORKER_FLAG,
+            "w3p",
+            "--impl",
+            imp.id(),
+            "--url",
+            url,
+            "--key",
+            "w3p",
+            "--tasks",
+            &tasks,
+            "--task-base",
+            &base,
+        ];
+        let (child, stdin, stdout) = spawn_self(&args, "a W3p worker")?;
         Ok(Worker {
             child,
             stdin,

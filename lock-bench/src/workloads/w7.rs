@@ -27,7 +27,7 @@
 //! commands the server ran per round (`INFO commandstats`, everyone's
 //! included) show what polling a foreign holder costs.
 
-use super::{Context, WorkloadId, progress};
+use super::{Context, WorkloadId, progress, spawn_self};
 use crate::args::HolderArgs;
 use crate::contenders::{Exclusion, Impl, Locker, Section, TTL, lock_core_client};
 use crate::error::{BenchResult, fail};
@@ -37,7 +37,7 @@ use crate::stats::{Spread, wall_ns};
 use lock_core::LockOptions;
 use redis::aio::MultiplexedConnection;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -339,19 +339,9 @@ impl Holder {
     /// waits (up to [`CALL_BOUND`], through its own read timeout) for its
     /// `held`.
     fn start(args: &[String; 4]) -> BenchResult<Holder> {
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .arg(HOLDER_FLAG)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(fail("a W7 holder has no stdin or stdout"));
-        };
+        let mut argv = vec![HOLDER_FLAG];
+        argv.extend(args.iter().map(String::as_str));
+        let (child, stdin, stdout) = spawn_self(&argv, "a W7 holder")?;
         let holder = Holder {
             child,
             _stdin: stdin,
