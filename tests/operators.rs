@@ -330,3 +330,65 @@ async fn operators_on_redlock() {
     tokio::time::timeout(TTL, guard.lost()).await.unwrap();
     assert_eq!(guard.loss_reason(), Some(LossReason::ForceReleased));
 }
+
+/// Redlock: a server that grants after the majority decided holds the same
+/// token with a fence of its own (its counter was never lifted). `inspect`
+/// reports what a majority holds, the holder's fencing token, and does not
+/// wait for a server that stopped answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_inspect_goes_by_the_majority() {
+    let servers = lock_testkit::start_servers(3);
+    let proxy = lock_testkit::Proxy::start(servers[2].addr());
+    let node_timeout = Duration::from_secs(3);
+    let a = support::build(
+        LockClient::builder()
+            // The late server first: an answer taken in server order would
+            // be its own.
+            .urls([proxy.url(), servers[0].url(), servers[1].url()])
+            .key_prefix("ops:")
+            .holder_name("worker-a")
+            .node_timeout(node_timeout),
+        &servers,
+    )
+    .await;
+    a.ping().await.unwrap();
+    let storage_key = a.storage_key("late").unwrap();
+    // The proxied server answers 200 ms after the others (its scripts
+    // load on first use: a few round trips).
+    proxy.set_mode(lock_testkit::ProxyMode::Delay(Duration::from_millis(100)));
+    let guard = a
+        .lock_with("late", LockOptions::new(TTL).fencing(true))
+        .await
+        .unwrap();
+    let token = guard.fencing_token().expect("fenced");
+    support::eventually(Duration::from_secs(5), "the late server grants", || {
+        servers[2].cmd::<i64>(&["EXISTS", &storage_key]) == 1
+    })
+    .await;
+    let fence_on = |server: &lock_testkit::RedisServer| {
+        let value: String = server.cmd(&["GET", &storage_key]);
+        value.split('|').nth(2).unwrap().to_owned()
+    };
+    assert_eq!(fence_on(&servers[0]), token.to_string());
+    assert_ne!(
+        fence_on(&servers[2]),
+        token.to_string(),
+        "the late server's value has a fence of its own"
+    );
+    proxy.set_mode(lock_testkit::ProxyMode::Pass);
+    for _ in 0..10 {
+        let state = a.inspect("late").await.unwrap().expect("held");
+        assert_eq!(state.fencing_token(), Some(token));
+        assert_eq!(state.holder(), Some("worker-a"));
+    }
+
+    // One server silent: the other two agree, and inspect answers at once.
+    proxy.set_mode(lock_testkit::ProxyMode::Blackhole);
+    let started = Instant::now();
+    let state = a.inspect("late").await.unwrap().expect("held");
+    assert_eq!(state.fencing_token(), Some(token));
+    let took = started.elapsed();
+    assert!(took < node_timeout / 2, "inspect took {took:?}");
+    proxy.set_mode(lock_testkit::ProxyMode::Pass);
+    guard.release().await.unwrap();
+}

@@ -9,6 +9,7 @@ use crate::error::{ErrorKind, LockError};
 use crate::scripts::{self, Eval};
 use crate::token::Token;
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use std::time::Duration;
@@ -65,8 +66,8 @@ pub(crate) struct OperatorKeys<'a> {
 }
 
 impl Backend {
-    /// The server's clock in milliseconds (`TIME`); the first server's on
-    /// Redlock, this machine's in memory.
+    /// The server's clock in milliseconds (`TIME`); on Redlock the first
+    /// server's to answer, in memory this machine's.
     pub(crate) async fn server_time_ms(&self, limit: Duration) -> Result<i64, LockError> {
         let time = |mut conn| async move {
             let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
@@ -82,16 +83,22 @@ impl Backend {
                 })
                 .await
             }
-            Backend::Redlock(quorum) => match quorum.nodes().first() {
-                Some(node) => node.call(limit, true, time).await,
-                None => Ok(crate::token::local_now_ms()),
-            },
+            // The first server to answer: the clock only dates values, and
+            // a frozen server must not hold the caller up.
+            Backend::Redlock(quorum) if !quorum.nodes().is_empty() => {
+                let calls = quorum
+                    .nodes()
+                    .iter()
+                    .map(|node| Box::pin(node.call(limit, true, time)));
+                Ok(futures::future::select_ok(calls).await?.0)
+            }
+            Backend::Redlock(_) => Ok(crate::token::local_now_ms()),
             Backend::Memory(_) => Ok(crate::token::local_now_ms()),
         }
     }
 
-    /// What holds `keys.lock` now; on Redlock, the first server that
-    /// answers that it is held (a lock there holds one value everywhere).
+    /// What holds `keys.lock` now; on Redlock, what a majority of the
+    /// servers agree on (see [`majority_state`]).
     pub(crate) async fn inspect(
         &self,
         keys: &OperatorKeys<'_>,
@@ -101,22 +108,8 @@ impl Backend {
             Backend::Single(node) => node.inspect(keys, limit).await,
             Backend::Cluster(node) => node.inspect(keys, limit).await,
             Backend::Redlock(quorum) => {
-                let answers = join_all(quorum.nodes().iter().map(|n| n.inspect(keys, limit))).await;
-                let mut first_error = None;
-                let mut any = false;
-                for answer in answers {
-                    match answer {
-                        Ok(Some(state)) => return Ok(Some(state)),
-                        Ok(None) => any = true,
-                        Err(e) => {
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
-                match first_error {
-                    Some(e) if !any => Err(e),
-                    _ => Ok(None),
-                }
+                let calls = quorum.nodes().iter().map(|n| n.inspect(keys, limit));
+                majority_state(calls.collect(), quorum.majority()).await
             }
             Backend::Memory(store) => Ok(store.inspect(keys.lock)),
         }
@@ -230,6 +223,73 @@ impl Backend {
             Backend::Memory(store) => return store.was_evicted(key, token),
         };
         found.is_some_and(|tokens| tokens.split(' ').any(|t| t == token.as_str()))
+    }
+}
+
+/// What a majority of Redlock's servers say holds a key, decided as soon
+/// as a majority agrees: the same value (the holder's token and, with
+/// fencing, the token the lift wrote on a majority), or free. A server that
+/// granted after the majority had decided holds the same token with a
+/// fence of its own, so tokens and fences are compared (not the time of
+/// acquisition, which each server's value dates by its own clock). When no
+/// majority agrees once every server answered (a lock coming or going, a
+/// server frozen), the value most servers hold, the first in server order
+/// among equals; `None` when none holds it; the first error when none
+/// answered.
+async fn majority_state<F>(calls: Vec<F>, majority: usize) -> Result<Option<RawState>, LockError>
+where
+    F: std::future::Future<Output = Result<Option<RawState>, LockError>>,
+{
+    let mut pending: FuturesUnordered<_> = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| async move { (i, call.await) })
+        .collect();
+    // (server index, state, how many servers hold that value)
+    let mut held: Vec<(usize, RawState, usize)> = Vec::new();
+    let (mut free, mut first_error) = (0, None);
+    while let Some((i, answer)) = pending.next().await {
+        match answer {
+            Ok(Some(state)) => {
+                let same = holding(&state.value);
+                match held
+                    .iter_mut()
+                    .find(|(_, seen, _)| holding(&seen.value) == same)
+                {
+                    Some((_, _, votes)) => *votes += 1,
+                    None => held.push((i, state, 1)),
+                }
+                if let Some((_, state, _)) = held.iter().find(|(.., votes)| *votes >= majority) {
+                    return Ok(Some(state.clone()));
+                }
+            }
+            Ok(None) => {
+                free += 1;
+                if free >= majority {
+                    return Ok(None);
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    held.sort_by(|(a, _, a_votes), (b, _, b_votes)| b_votes.cmp(a_votes).then(a.cmp(b)));
+    match (held.into_iter().next(), first_error) {
+        (Some((_, state, _)), _) => Ok(Some(state)),
+        (None, Some(e)) if free == 0 => Err(e),
+        (None, _) => Ok(None),
+    }
+}
+
+/// What tells two servers' values of a lock apart: an exclusive value's
+/// token, fence and holder (`<token>|<acquired ms>|<fence>|<holder>`),
+/// without its time; any other value (a marker, a foreign one) whole.
+fn holding(value: &str) -> [&str; 3] {
+    let mut fields = value.splitn(4, '|');
+    match (fields.next(), fields.next(), fields.next(), fields.next()) {
+        (Some(token), Some(_acquired), Some(fence), Some(holder)) => [token, fence, holder],
+        _ => [value, "", ""],
     }
 }
 
