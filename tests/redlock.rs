@@ -21,7 +21,14 @@ fn settings(node_timeout: Duration) -> LockClientBuilder {
         .operation_timeout(Duration::from_millis(500))
 }
 
-/// How many servers hold `key` with the value `token`.
+/// The token of a lock value, `<token>|<acquired ms>|<fence>|<holder>`:
+/// what is the same on every server (each dates the acquisition by the
+/// client's estimate of its clock, and a late server's fence is its own).
+fn token_in(value: &str) -> &str {
+    value.split('|').next().unwrap_or(value)
+}
+
+/// How many servers hold `key` with a value of `token`.
 fn holders(servers: &[RedisServer], key: &str, token: &str) -> usize {
     servers
         .iter()
@@ -29,6 +36,7 @@ fn holders(servers: &[RedisServer], key: &str, token: &str) -> usize {
         .filter(|s| {
             s.cmd::<Option<String>>(&["GET", &storage_key(PREFIX, key)])
                 .as_deref()
+                .map(token_in)
                 == Some(token)
         })
         .count()
@@ -54,6 +62,7 @@ fn token_of(servers: &[RedisServer], key: &str) -> String {
         .iter()
         .filter(|s| s.is_running())
         .find_map(|s| s.cmd::<Option<String>>(&["GET", &storage_key(PREFIX, key)]))
+        .map(|value| token_in(&value).to_owned())
         .expect("no server holds the key")
 }
 

@@ -123,27 +123,29 @@ async fn watch_prints_each_change_of_holder() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::task::spawn_blocking(move || {
-        let line = lines.next().unwrap().unwrap();
-        (line, lines)
-    })
-    .await
-    .unwrap();
-    assert!(line.0.contains("held by first"), "{}", line.0);
+    // Lines come through a thread of their own, so that a missing one
+    // fails the test after a bound instead of hanging it.
+    let stdout = child.stdout.take().unwrap();
+    let (lines, next) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || {
+        next.recv_timeout(Duration::from_secs(10))
+            .expect("lockctl watch printed no line within 10 s")
+    };
+    let line = next_line();
+    assert!(line.contains("held by first"), "{line}");
     first.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The free key is printed before anyone takes it again.
+    assert_eq!(next_line(), "w: free");
     let second = b.lock("w", TTL).await.unwrap();
-    let rest = tokio::task::spawn_blocking(move || {
-        let mut lines = line.1;
-        let a = lines.next().unwrap().unwrap();
-        let b = lines.next().unwrap().unwrap();
-        (a, b)
-    })
-    .await
-    .unwrap();
-    assert_eq!(rest.0, "w: free");
-    assert!(rest.1.contains("held by second"), "{}", rest.1);
+    let line = next_line();
+    assert!(line.contains("held by second"), "{line}");
     let status = child.wait().unwrap();
     assert!(status.success());
     second.release().await.unwrap();
