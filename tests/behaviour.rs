@@ -208,7 +208,9 @@ mod cases {
     }
 
     pub async fn renewal_keeps_the_lock_for_several_ttls(fx: Fixture) {
-        let ttl = Duration::from_millis(300);
+        // Renewed every 200 ms: a stall of the loaded machine shorter than
+        // 400 ms costs nothing.
+        let ttl = Duration::from_millis(600);
         let guard = fx.a.lock("k", ttl).await.unwrap();
         let until = Instant::now() + ttl * 4;
         while Instant::now() < until {
@@ -220,7 +222,7 @@ mod cases {
     }
 
     pub async fn without_renewal_the_lease_expires_and_is_lost(fx: Fixture) {
-        let ttl = Duration::from_millis(200);
+        let ttl = Duration::from_millis(400);
         let guard =
             fx.a.lock_with("k", LockOptions::new(ttl).renew(false))
                 .await
@@ -450,7 +452,7 @@ mod cases {
         let max_hold = Duration::from_millis(600);
         let started = Instant::now();
         let guard =
-            fx.a.lock_with("runaway", opts(200).max_hold(max_hold))
+            fx.a.lock_with("runaway", opts(400).max_hold(max_hold))
                 .await
                 .unwrap();
         tokio::time::timeout(Duration::from_secs(3), guard.lost())
@@ -462,7 +464,7 @@ mod cases {
         // Renewal stopped: the lease runs out within a ttl, although the
         // guard is still alive.
         let next =
-            fx.b.lock_with("runaway", opts(200).wait(Duration::from_secs(3)))
+            fx.b.lock_with("runaway", opts(400).wait(Duration::from_secs(3)))
                 .await;
         assert!(next.is_ok(), "{:?}", next.err());
         drop(guard);

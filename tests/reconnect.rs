@@ -38,11 +38,11 @@ fn settings(op_timeout: Duration) -> LockClientBuilder {
 
 #[tokio::test]
 async fn a_slow_link_with_a_login_reconnects_after_a_cut() {
-    // A round trip of 60 ms: connecting and logging in take 60 of the
-    // 100 ms a call may take, and a ping on top of that does not fit.
-    let (server, proxy) = server_behind_proxy(ProxyMode::Delay(Duration::from_millis(30)));
+    // A round trip of 120 ms: connecting and logging in take 120 of the
+    // 200 ms a call may take, and a ping on top of that does not fit.
+    let (server, proxy) = server_behind_proxy(ProxyMode::Delay(Duration::from_millis(60)));
     let client = build(
-        settings(Duration::from_millis(100)).url(url(&proxy)),
+        settings(Duration::from_millis(200)).url(url(&proxy)),
         &server,
     )
     .await;
@@ -52,7 +52,7 @@ async fn a_slow_link_with_a_login_reconnects_after_a_cut() {
     let mut answered = Vec::new();
     for _ in 0..10 {
         answered.push(client.ping().await.is_ok());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let failed_first = answered.iter().take_while(|ok| !**ok).count();
     assert!(
@@ -105,15 +105,15 @@ async fn cycle(client: &LockClient, round: &Cell<u32>) -> bool {
 
 #[tokio::test]
 async fn redlock_reconnects_over_slow_links_within_its_node_timeout() {
-    // A round trip of 40 ms against 70 ms per server: a call fits, but
+    // A round trip of 80 ms against 140 ms per server: a call fits, but
     // not connecting and logging in before it.
-    let delay = ProxyMode::Delay(Duration::from_millis(20));
+    let delay = ProxyMode::Delay(Duration::from_millis(40));
     let (servers, proxies): (Vec<RedisServer>, Vec<Proxy>) =
         (0..3).map(|_| server_behind_proxy(delay)).unzip();
     let client = build(
         settings(Duration::from_millis(500))
             .urls(proxies.iter().map(url))
-            .node_timeout(Duration::from_millis(70)),
+            .node_timeout(Duration::from_millis(140)),
         &servers,
     )
     .await;

@@ -124,7 +124,9 @@ async fn extend_to_a_shorter_ttl_shortens_the_lease_on_every_server() {
     assert_eq!(guard.ttl(), Duration::from_millis(300));
 }
 
-#[tokio::test]
+// Two worker threads: the heartbeat renews while the test blocks on its own
+// connections to the servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_of_five_stopped_locks_are_granted_renewed_and_released() {
     let mut servers = start_servers(5);
     servers[0].stop();
