@@ -353,9 +353,8 @@ async fn redlock_inspect_goes_by_the_majority() {
     .await;
     a.ping().await.unwrap();
     let storage_key = a.storage_key("late").unwrap();
-    // The proxied server answers 200 ms after the others (its scripts
-    // load on first use: a few round trips).
-    proxy.set_mode(lock_testkit::ProxyMode::Delay(Duration::from_millis(100)));
+    // The proxied server answers 500 ms after the others.
+    proxy.set_mode(lock_testkit::ProxyMode::Delay(Duration::from_millis(250)));
     let guard = a
         .lock_with("late", LockOptions::new(TTL).fencing(true))
         .await

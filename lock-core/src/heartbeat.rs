@@ -458,6 +458,8 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     // renewal, leases left out of this round though overdue, and leases
     // taken late (by more than half their renewal interval).
     let mut backlog = expired;
+    // Overdue leases this round leaves waiting: the heartbeat is behind.
+    let mut left_waiting = 0;
     if wanted.len() > cap {
         // Earliest deadline first, except for the leases whose deadline
         // comes before a round like the last one could answer: renewing
@@ -466,7 +468,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
         let hopeless = now + schedule.last_round;
         wanted.select_nth_unstable_by_key(cap, |w| (w.deadline < hopeless, w.deadline));
         for left in wanted.drain(cap..) {
-            backlog += usize::from(left.due <= now);
+            left_waiting += usize::from(left.due <= now);
             next = Some(next.map_or(left.due, |n| n.min(left.due)));
         }
     }
@@ -488,8 +490,8 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
             None => next = Some(next.map_or(w.due, |n| n.min(w.due))),
         }
     }
-    report_backlog(&mut schedule, backlog, now);
-    schedule.behind = backlog > 0;
+    report_backlog(&mut schedule, backlog + left_waiting, now);
+    schedule.behind = left_waiting > 0;
     let next = next.map_or(now + IDLE, |due| due.max(now + Duration::from_millis(1)));
     (round, next)
 }
@@ -672,7 +674,8 @@ fn next_renewal(
 }
 
 /// How soon a failed renewal is tried again: often enough to get several
-/// tries into the remaining two thirds of the lease.
+/// tries into what is left of the lease (two thirds of it, or one third
+/// after a renewal while behind).
 fn retry_gap(ttl: Duration) -> Duration {
     (ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500))
 }

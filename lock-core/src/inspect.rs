@@ -221,7 +221,8 @@ impl LockClient {
     /// WARN naming the evicted holder. `Ok(true)` when something was held.
     ///
     /// The evicted holder is not told at once: its guard reports the loss
-    /// at its next renewal (within a third of its ttl), as for any lock
+    /// at its next renewal (within a third of its ttl, two thirds while the
+    /// heartbeat is behind), as for any lock
     /// taken over; until then it may still think it holds the lock. Use
     /// fencing tokens where that matters. A key of another Redis type is
     /// left alone, with an [`ErrorKind::InvalidKey`] error.

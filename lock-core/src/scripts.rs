@@ -2,14 +2,65 @@
 //!
 //! Each is sent with `EVALSHA` through [`Eval`], which loads the script and
 //! sends the call again when the server answers `NOSCRIPT` (after `SCRIPT
-//! FLUSH` or a restart). That is also how a script is first loaded: the
-//! server's script cache serves all its connections, so this costs a
-//! `NOSCRIPT` answer and a `SCRIPT LOAD` once per script and server, and
-//! reconnecting costs nothing more than logging in.
+//! FLUSH` or a restart). lock-core's own connection (`backend/wire.rs`)
+//! also queues a `SCRIPT LOAD` of each of [`ALL`] right after logging in,
+//! without waiting for the answers: the commands after them find the
+//! scripts loaded. A call sent again after `NOSCRIPT` is a new command,
+//! behind whatever the connection carried meanwhile: a Redlock attempt's
+//! call left to finish in the background could then set its key after the
+//! attempt's undo had passed, leaving the key held until its ttl. Over the
+//! `redis` crate's connections (TLS, Unix sockets, Sentinel) scripts load
+//! on first use, a `NOSCRIPT` answer and a `SCRIPT LOAD` once per script
+//! and server.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
+use std::ops::Deref;
 use std::sync::LazyLock;
+
+/// A script and its source, which a connection can load before it is
+/// first called (see the module docs).
+pub(crate) struct Lua {
+    /// The Lua source.
+    pub(crate) code: &'static str,
+    script: LazyLock<Script>,
+}
+
+impl Deref for Lua {
+    type Target = Script;
+
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
+
+/// A [`Lua`] of this source.
+macro_rules! lua {
+    ($code:expr) => {
+        Lua {
+            code: $code,
+            script: LazyLock::new(|| Script::new($code)),
+        }
+    };
+}
+
+/// Every script lock-core calls by its hash.
+pub(crate) static ALL: [&Lua; 14] = [
+    &RELEASE,
+    &RENEW,
+    &SET_TTL,
+    &ACQUIRE_FENCED,
+    &LIFT_FENCE,
+    &RENEW_MANY,
+    &TAKE_OVER,
+    &ACQUIRE,
+    &ACQUIRE_ALL,
+    &MEMBER_ACQUIRE,
+    &MEMBER_RELEASE,
+    &MEMBER_RENEW,
+    &INSPECT,
+    &FORCE_RELEASE,
+];
 
 /// One `EVALSHA` call of a script.
 ///
@@ -208,10 +259,9 @@ end
 /// release it publishes on the channel named like the key, which waiters
 /// subscribe to (see `backend/wakeup.rs`); with no subscriber that costs
 /// next to nothing.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        r#"local refused = not_ours(KEYS[1], ARGV[1])
+pub(crate) static RELEASE: Lua = lua!(concat!(
+    lua_read!(),
+    r#"local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
@@ -220,8 +270,7 @@ if ARGV[2] ~= "quiet" then
   redis.call("PUBLISH", KEYS[1], "")
 end
 return 1"#
-    ))
-});
+));
 
 /// Renews the lease if the key still holds our token: raises its expiry to
 /// the ttl, never lowers it.
@@ -233,10 +282,9 @@ return 1"#
 /// extension: lowering the expiry then would cut the lease its holder
 /// counts on. `PTTL` is compared here because `PEXPIRE ... GT` needs Redis
 /// 7.0. A key without an expiry (`PTTL` -1) gets one.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        r#"local refused = not_ours(KEYS[1], ARGV[1])
+pub(crate) static RENEW: Lua = lua!(concat!(
+    lua_read!(),
+    r#"local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
@@ -244,8 +292,7 @@ if redis.call("PTTL", KEYS[1]) < tonumber(ARGV[2]) then
   redis.call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return 1"#
-    ))
-});
+));
 
 /// Sets the expiry to exactly the ttl, shorter or longer, if the key still
 /// holds our token: for the holder that means to shorten its lease (a
@@ -255,17 +302,15 @@ return 1"#
 /// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` ttl in milliseconds.
 /// Returns 1 when set, 0 when the lock is not ours (gone, another owner,
 /// another type).
-pub(crate) static SET_TTL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        r#"local refused = not_ours(KEYS[1], ARGV[1])
+pub(crate) static SET_TTL: Lua = lua!(concat!(
+    lua_read!(),
+    r#"local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
 redis.call("PEXPIRE", KEYS[1], ARGV[2])
 return 1"#
-    ))
-});
+));
 
 /// `SET NX PX` and, when it succeeds, the next fencing token.
 ///
@@ -285,11 +330,10 @@ return 1"#
 /// error, not 0: the lock can never be granted while the
 /// counter key stays as it is, and "busy" would have the caller wait for
 /// nothing.
-pub(crate) static ACQUIRE_FENCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_fence!(),
-        r#"local ok, held = read(KEYS[1])
+pub(crate) static ACQUIRE_FENCED: Lua = lua!(concat!(
+    lua_read!(),
+    lua_fence!(),
+    r#"local ok, held = read(KEYS[1])
 if not ok and held then
   return held
 end
@@ -302,8 +346,7 @@ if type(fence) == "table" then
 end
 redis.call("SET", KEYS[1], with_fence(ARGV[1], fence), "PX", ARGV[2])
 return fence"#
-    ))
-});
+));
 
 /// Raises the fence counter to at least `ARGV[2]`, only while `KEYS[1]`
 /// still holds our token (Redlock fencing, second step).
@@ -315,10 +358,9 @@ return fence"#
 /// lock is ours here (and the counter is at least `ARGV[2]`), 0 otherwise: also
 /// when either key is another program's (another type, or a counter that is
 /// not a number), so the lift does not count on this server.
-pub(crate) static LIFT_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        r#"local refused = not_ours(KEYS[1], ARGV[1])
+pub(crate) static LIFT_FENCE: Lua = lua!(concat!(
+    lua_read!(),
+    r#"local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
@@ -341,8 +383,7 @@ if fenced ~= value then
   redis.call("SET", KEYS[1], fenced, "KEEPTTL")
 end
 return 1"#
-    ))
-});
+));
 
 /// [`RENEW`] for many locks in one call (the heartbeat's rounds).
 ///
@@ -353,10 +394,9 @@ return 1"#
 /// other program's key) is 0, and does not fail the call, which would leave
 /// every other lease of the batch unrenewed. Keys of one call must share a
 /// server (and, in a cluster, a slot).
-pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        r#"local renewed = {}
+pub(crate) static RENEW_MANY: Lua = lua!(concat!(
+    lua_read!(),
+    r#"local renewed = {}
 for i, key in ipairs(KEYS) do
   local ok, value = read(key)
   if not ok and value then
@@ -372,8 +412,7 @@ for i, key in ipairs(KEYS) do
   end
 end
 return renewed"#
-    ))
-});
+));
 
 /// Takes over a lease handed off inside one process: sets the new holder's
 /// ttl (exactly, as the new holder asked) and, when `KEYS[2]` is given, the
@@ -386,11 +425,10 @@ return renewed"#
 /// acquires afresh); otherwise the new fencing token, or 1 without a fence
 /// counter. The counter is raised before the expiry is set, so a refusal
 /// leaves the lease as it was.
-pub(crate) static TAKE_OVER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_fence!(),
-        r#"local refused = not_ours(KEYS[1], ARGV[1])
+pub(crate) static TAKE_OVER: Lua = lua!(concat!(
+    lua_read!(),
+    lua_fence!(),
+    r#"local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
@@ -411,8 +449,7 @@ else
   redis.call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return answer"#
-    ))
-});
+));
 
 /// Lua: `clock_ms()`, the server's clock in milliseconds (`TIME`): the
 /// scores of shared holders and permits. Redis 7 replicates a script's
@@ -467,12 +504,11 @@ end
 /// deletes it, so readers queue behind a writer only while one waits. When the counter cannot
 /// be raised, nothing is set and the error is the answer (see
 /// [`ACQUIRE_FENCED`]).
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_fence!(),
-        lua_foreign!(),
-        r#"local ok, held = read(KEYS[1])
+pub(crate) static ACQUIRE: Lua = lua!(concat!(
+    lua_read!(),
+    lua_fence!(),
+    lua_foreign!(),
+    r#"local ok, held = read(KEYS[1])
 if not ok and held then
   return held
 end
@@ -493,8 +529,7 @@ if ok and held == "shared" then
   redis.call("SET", KEYS[2], "1", "PX", ARGV[3])
 end
 return {0, redis.call("PTTL", KEYS[1]), foreign(held)}"#
-    ))
-});
+));
 
 /// Several keys at once, all or none: checks every key, and sets them all
 /// (with the token and ttl) only when none is held.
@@ -511,11 +546,10 @@ return {0, redis.call("PTTL", KEYS[1]), foreign(held)}"#
 /// key is set: a counter that cannot be raised leaves every key unset and
 /// is the answer. `ARGV[1]` is the lock's value, each key's fence written
 /// into its fence field.
-pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_fence!(),
-        r#"local n = tonumber(ARGV[3])
+pub(crate) static ACQUIRE_ALL: Lua = lua!(concat!(
+    lua_read!(),
+    lua_fence!(),
+    r#"local n = tonumber(ARGV[3])
 for i = 1, n do
   local ok, held = read(KEYS[i])
   if not ok and held then
@@ -550,8 +584,7 @@ for i = 1, n do
   end
 end
 return answer"#
-    ))
-});
+));
 
 /// A shared holder or a permit joins a key's holder set.
 ///
@@ -567,11 +600,10 @@ return answer"#
 /// held with another marker (shared against permits, or another N): an
 /// error for the caller, never a wait. Expired holders are pruned first: a
 /// crashed holder's permit comes back when its lease runs out.
-pub(crate) static MEMBER_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_members!(),
-        r#"local ok, held = read(KEYS[1])
+pub(crate) static MEMBER_ACQUIRE: Lua = lua!(concat!(
+    lua_read!(),
+    lua_members!(),
+    r#"local ok, held = read(KEYS[1])
 if not ok then
   return held or {0, redis.call("PTTL", KEYS[1])}
 end
@@ -598,8 +630,7 @@ end
 redis.call("ZADD", KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 stretch(KEYS[1], KEYS[2], marker, now)
 return {1, 0}"#
-    ))
-});
+));
 
 /// A shared holder or a permit leaves the holder set, and waiters are told.
 ///
@@ -607,11 +638,10 @@ return {1, 0}"#
 /// marker. Returns 1 when the holder was still in the set and unexpired, 0
 /// otherwise. The marker's expiry shrinks to the longest remaining holder's,
 /// and goes with the last one.
-pub(crate) static MEMBER_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_members!(),
-        r#"local ok, held = read(KEYS[1])
+pub(crate) static MEMBER_RELEASE: Lua = lua!(concat!(
+    lua_read!(),
+    lua_members!(),
+    r#"local ok, held = read(KEYS[1])
 if not ok or held ~= ARGV[2] then
   return 0
 end
@@ -626,8 +656,7 @@ redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", now)
 stretch(KEYS[1], KEYS[2], ARGV[2], now)
 redis.call("PUBLISH", KEYS[1], "")
 return ours"#
-    ))
-});
+));
 
 /// Renews holders in holder sets: each one's expiry raised to its ttl from
 /// now (never lowered), or, with `ARGV[1]` = 1, set to exactly that
@@ -638,11 +667,10 @@ return ours"#
 /// `ARGV[3i]` token, `ARGV[3i+1]` ttl in milliseconds. Returns an array: 1
 /// where the holder is still in its set and unexpired, 0 where not (it is
 /// then removed).
-pub(crate) static MEMBER_RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_members!(),
-        r#"local now = clock_ms()
+pub(crate) static MEMBER_RENEW: Lua = lua!(concat!(
+    lua_read!(),
+    lua_members!(),
+    r#"local now = clock_ms()
 local exact = ARGV[1] == "1"
 local renewed = {}
 for i = 1, #KEYS / 2 do
@@ -666,8 +694,7 @@ for i = 1, #KEYS / 2 do
   end
 end
 return renewed"#
-    ))
-});
+));
 
 /// What holds a lock key now, for operators (`LockClient::inspect`).
 ///
@@ -676,11 +703,10 @@ return renewed"#
 /// of another type, whose type is then the value); `now_ms` the server's
 /// clock (`TIME`); `holders` the live members of the holder set for a
 /// shared or permits marker, 1 for an exclusive holder. Writes nothing.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_members!(),
-        r#"local now = clock_ms()
+pub(crate) static INSPECT: Lua = lua!(concat!(
+    lua_read!(),
+    lua_members!(),
+    r#"local now = clock_ms()
 local ok, value = read(KEYS[1])
 if not ok and value then
   return value
@@ -696,8 +722,7 @@ if is_marker(value) then
   count = redis.call("ZCOUNT", KEYS[2], "(" .. now, "+inf")
 end
 return {"held", redis.call("PTTL", KEYS[1]), now, value, count}"#
-    ))
-});
+));
 
 /// Deletes whatever holds a lock key, for operators
 /// (`LockClient::force_release`), and tells its waiters.
@@ -710,11 +735,10 @@ return {"held", redis.call("PTTL", KEYS[1]), now, value, count}"#
 /// `{1, value, holders}` with the value removed and how many live holders
 /// it had, `{0, "", 0}` when the key was free, `{-1, type, 0}` for a key
 /// of another type, which is left alone: it is not a lock.
-pub(crate) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        lua_read!(),
-        lua_members!(),
-        r#"local ok, value = read(KEYS[1])
+pub(crate) static FORCE_RELEASE: Lua = lua!(concat!(
+    lua_read!(),
+    lua_members!(),
+    r#"local ok, value = read(KEYS[1])
 if not ok and value then
   return value
 end
@@ -743,8 +767,7 @@ if pttl > 0 and evicted ~= "" then
 end
 redis.call("PUBLISH", KEYS[1], "")
 return {1, value, count}"#
-    ))
-});
+));
 
 /// The scripts against a real `redis-server`.
 #[cfg(test)]

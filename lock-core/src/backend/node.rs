@@ -107,9 +107,10 @@ impl SentinelTarget {
 impl Target {
     /// A new connection: to the server, or to the primary the Sentinels
     /// name now (they are asked, and the primary checked to answer `ROLE`
-    /// as a primary). Scripts load on first use (`NOSCRIPT`, see
-    /// `scripts.rs`): loading them here too would only make connecting
-    /// longer.
+    /// as a primary). lock-core's own connection queues the scripts'
+    /// loads behind its login without waiting for them; over the `redis`
+    /// crate's connection they load on first use (`NOSCRIPT`, see
+    /// `scripts.rs`).
     ///
     /// Bounded as a whole by the connect timeout, in [`Shared`]. A
     /// Sentinel client is built afresh each time (see
@@ -344,7 +345,7 @@ impl Node {
     /// lock-core's own connection: returns once it is written (see
     /// [`Wire::send_unheard`]). Over the `redis` crate's connection (TLS,
     /// Unix sockets, RESP3, Sentinel) the reply is awaited as for
-    /// [`release`](Self::release), and so is the first release on each
+    /// [`release`](Self::release), and so is the first release on such a
     /// connection, which loads the script where the server lacks it. A
     /// failure the reply reports later is logged and counted; the lease then
     /// expires by itself. That includes the one release sent by SHA just

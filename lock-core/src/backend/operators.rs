@@ -234,8 +234,8 @@ impl Backend {
 /// acquisition, which each server's value dates by its own clock). When no
 /// majority agrees once every server answered (a lock coming or going, a
 /// server frozen), the value most servers hold, the first in server order
-/// among equals; `None` when none holds it; the first error when none
-/// answered.
+/// among equals; `None` when a majority answered and none holds it; else
+/// the first error.
 async fn majority_state<F>(calls: Vec<F>, majority: usize) -> Result<Option<RawState>, LockError>
 where
     F: std::future::Future<Output = Result<Option<RawState>, LockError>>,
@@ -256,7 +256,10 @@ where
                     .iter_mut()
                     .find(|(_, seen, _)| holding(&seen.value) == same)
                 {
-                    Some((_, _, votes)) => *votes += 1,
+                    Some((first, _, votes)) => {
+                        *votes += 1;
+                        *first = (*first).min(i);
+                    }
                     None => held.push((i, state, 1)),
                 }
                 if let Some((_, state, _)) = held.iter().find(|(.., votes)| *votes >= majority) {
@@ -277,7 +280,9 @@ where
     held.sort_by(|(a, _, a_votes), (b, _, b_votes)| b_votes.cmp(a_votes).then(a.cmp(b)));
     match (held.into_iter().next(), first_error) {
         (Some((_, state, _)), _) => Ok(Some(state)),
-        (None, Some(e)) if free == 0 => Err(e),
+        // Free only on a majority's word: with most servers silent, the
+        // lock may be held there.
+        (None, Some(e)) if free < majority => Err(e),
         (None, _) => Ok(None),
     }
 }

@@ -39,6 +39,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
+use crate::scripts;
+
 type Reply = RedisResult<Value>;
 
 /// How much room a read asks for at least.
@@ -73,8 +75,9 @@ struct Inner {
     reader: tokio::sync::Mutex<ReadBuf>,
     /// Whether lock-core's scripts are known to be loaded on the server, so
     /// a command sent without waiting for its reply may call one by its
-    /// SHA: set by the caller once an awaited call succeeded, cleared when
-    /// such a command is answered `NOSCRIPT` (a `SCRIPT FLUSH`).
+    /// SHA: set once their loads are queued at connect (or an awaited call
+    /// succeeded), cleared when such a command is answered `NOSCRIPT` (a
+    /// `SCRIPT FLUSH`).
     scripts_loaded: AtomicBool,
 }
 
@@ -158,7 +161,35 @@ impl Wire {
                 .query_async::<()>(&mut wire)
                 .await?;
         }
+        wire.load_scripts().await?;
         Ok(wire)
+    }
+
+    /// Queues a `SCRIPT LOAD` of every script lock-core calls, without
+    /// waiting for the answers, and writes them out: every later command
+    /// on the connection finds them loaded, so none is answered `NOSCRIPT`
+    /// and sent again behind commands queued after it (see the `scripts`
+    /// module). A load the server refuses (an ACL without `script|load`)
+    /// shows in the first call of that script, which then loads it itself
+    /// and reports the refusal.
+    async fn load_scripts(&self) -> RedisResult<()> {
+        {
+            let mut state = self.inner.state();
+            for lua in scripts::ALL {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(lua.code)
+                    .write_packed_command(&mut state.unsent);
+                state.waiting.push_back(Waiter::Unheard(drop));
+            }
+        }
+        self.mark_scripts_loaded();
+        while self.inner.write_out(self.inner.state())? {
+            if let Err(err) = self.inner.stream.writable().await {
+                return Err(self.inner.fail(err));
+            }
+        }
+        Ok(())
     }
 
     /// Queues the commands `write` encodes, which answer with `replies`
@@ -259,13 +290,20 @@ impl Wire {
             let unsent = state.unsent.len() - state.written;
             (idle, alone, state.sent_total + unsent as u64, unsent)
         };
+        // Dropped at any wait below, it still writes what it can (nothing,
+        // once its bytes are out): no other call may be left to write them.
+        struct Unwritten<'a>(&'a Inner, u64);
+        impl Drop for Unwritten<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.sent_below(self.1);
+            }
+        }
+        let _unwritten = Unwritten(&self.inner, end);
         if (!idle || !alone) && unsent < FLUSH_AT {
             if idle {
-                // Written out even if this future is dropped meanwhile.
                 self.flush().await?;
             } else {
-                // The caller that found nothing unsent writes after its
-                // turn; dropped meanwhile, it still writes.
+                // The call that found nothing unsent writes after its turn.
                 tokio::task::yield_now().await;
             }
         }
@@ -284,7 +322,8 @@ impl Wire {
         self.inner.scripts_loaded.load(Ordering::Relaxed)
     }
 
-    /// Records that an awaited script call succeeded on this connection.
+    /// Records that the scripts are loaded: queued for loading when the
+    /// connection opened, or an awaited script call succeeded on it.
     pub(crate) fn mark_scripts_loaded(&self) {
         self.inner.scripts_loaded.store(true, Ordering::Relaxed);
     }
@@ -386,14 +425,14 @@ impl Inner {
     /// bytes of the connection already; whether some of those are still
     /// unsent (the socket's buffer is full).
     fn sent_below(&self, end: u64) -> RedisResult<bool> {
-        let state = self.state();
-        if let Some(err) = state.error() {
-            return Err(err);
-        }
+        let mut state = self.state();
+        // Written before the connection broke is written.
         if state.sent_total >= end {
             return Ok(false);
         }
-        let mut state = state;
+        if let Some(err) = state.error() {
+            return Err(err);
+        }
         match self.flush(&mut state) {
             Ok(()) => Ok(state.sent_total < end),
             Err(err) => {
@@ -965,7 +1004,7 @@ mod tests {
 
         /// Commands sent without waiting for their replies, by many tasks
         /// on a busy connection, have each left the process when their
-        /// call returns; one write carries those of the same turn.
+        /// call returns.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn unheard_commands_are_written_when_their_calls_return() {
             let server = RedisServer::start();
@@ -975,7 +1014,14 @@ mod tests {
                 let wire = wire.clone();
                 tokio::spawn(async move {
                     let set = redis::cmd("SET").arg(format!("k{i}")).arg("v").clone();
+                    // Its bytes end at least this far into the stream.
+                    let end = {
+                        let state = wire.inner.state();
+                        state.sent_total + (state.unsent.len() - state.written) as u64
+                    } + set.get_packed_command().len() as u64;
                     wire.send_unheard(&set, drop).await.unwrap();
+                    let sent = wire.inner.state().sent_total;
+                    assert!(sent >= end, "returned with its command unwritten");
                 })
             });
             for sent in futures::future::join_all(sends).await {
