@@ -275,8 +275,7 @@ impl Wire {
     /// scheduler, for every task that queued meanwhile. Any other call
     /// waits that turn too and writes only if its command is still unsent
     /// then. Each writing what it found would send many small writes, each
-    /// costing a system call here and a read on the server (lock-bench's W2
-    /// attribute row showed 50 % more CPU per cycle).
+    /// costing a system call here and a read on the server.
     pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<()> {
         let (idle, alone, end, unsent) = {
             let mut state = self.inner.state();
@@ -290,15 +289,17 @@ impl Wire {
             let unsent = state.unsent.len() - state.written;
             (idle, alone, state.sent_total + unsent as u64, unsent)
         };
-        // Dropped at any wait below, it still writes what it can (nothing,
-        // once its bytes are out): no other call may be left to write them.
-        struct Unwritten<'a>(&'a Inner, u64);
+        // Dropped at a wait below, it still writes what it can: no other
+        // call may be left to write its bytes.
+        struct Unwritten<'a>(Option<(&'a Inner, u64)>);
         impl Drop for Unwritten<'_> {
             fn drop(&mut self) {
-                let _ = self.0.sent_below(self.1);
+                if let Some((inner, end)) = self.0 {
+                    let _ = inner.sent_below(end);
+                }
             }
         }
-        let _unwritten = Unwritten(&self.inner, end);
+        let mut unwritten = Unwritten(Some((&self.inner, end)));
         if (!idle || !alone) && unsent < FLUSH_AT {
             if idle {
                 self.flush().await?;
@@ -313,6 +314,8 @@ impl Wire {
                 return Err(self.inner.fail(err));
             }
         }
+        // Written: nothing left for the guard to do.
+        unwritten.0 = None;
         Ok(())
     }
 
