@@ -11,13 +11,14 @@ use crate::lease::{
 };
 use crate::observe;
 use crate::options::LockOptions;
-use crate::queue::{Front, HandedLease, Handoff, Next, Owner, Position, Taken, YIELD};
+use crate::queue::{
+    Front, HandedLease, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD,
+};
 use crate::state::{ClientInner, LockClient, spawn_release, spawn_release_scope};
 use crate::token::{Holder, Token};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 impl LockClient {
@@ -85,21 +86,27 @@ impl LockClient {
         &self,
         request: &Request<'_>,
     ) -> Result<(Owner, Option<Handoff>), LockError> {
-        self.join_queue_of(&request.storage_key, request).await
+        // First in the queue, the task makes its first attempt at once.
+        let until = Instant::now() + request.limit(self.inner.op_timeout);
+        self.join_queue_of(&request.storage_key, request, until)
+            .await
     }
 
-    /// [`join_queue`](Self::join_queue) for one of the request's keys.
+    /// [`join_queue`](Self::join_queue) for one of the request's keys:
+    /// first in the queue, the task promises to act by `until` (see
+    /// [`Front::promise`]).
     pub(crate) async fn join_queue_of(
         &self,
         key: &Arc<str>,
         request: &Request<'_>,
+        until: Instant,
     ) -> Result<(Owner, Option<Handoff>), LockError> {
         let inner = &self.inner;
         let wait = request.deadline > request.started;
         loop {
             let position = inner
                 .queues
-                .join(key, wait)
+                .join(key, wait, until)
                 .ok_or_else(|| request.contended())?;
             let (handoff, holder, ahead) = match position {
                 Position::Front(owner) => return Ok((owner, None)),
@@ -114,7 +121,7 @@ impl LockClient {
                 key,
                 handoff,
             };
-            match waiter.wait(holder, ahead, request.deadline).await {
+            match waiter.wait(holder, ahead, request.deadline, until).await {
                 Waited::TimedOut => return Err(request.contended()),
                 Waited::Front(owner, handoff) => return Ok((owner, handoff)),
                 Waited::Again => continue,
@@ -167,6 +174,7 @@ impl LockClient {
         // call is cancelled, it is released in the background.
         let held = MayHold::new(inner, &request.storage_key, handed.token, request.ttl);
         let limit = request.limit(inner.op_timeout);
+        front.promise(Instant::now() + limit);
         let taken = inner
             .backend
             .take_over(request.keys(None, None), held.token(), ttl, limit)
@@ -191,21 +199,30 @@ impl LockClient {
             request,
             writer: None,
         };
-        let Won(token, fence, sent) = self.contend_with(request, &mut one, attempts).await?;
+        let fronts = std::slice::from_ref(&front);
+        let Won(token, fence, sent) = self
+            .contend_with(request, &mut one, fronts, attempts)
+            .await?;
         Ok(request.guard(&self.inner, token, fence, sent, front, Taken::FromRedis))
     }
 
     /// The loop of attempts every kind of lock shares: one attempt, then,
     /// while the key is held elsewhere, more attempts woken by the release
     /// message of the key found held or by the backoff timer, until the wait
-    /// runs out.
+    /// runs out. Before each step it promises, as first in the queues of
+    /// `fronts`, when it will act next.
     pub(crate) async fn contend_with<C: Contender>(
         &self,
         request: &Request<'_>,
         contender: &mut C,
+        fronts: &[Front<'_>],
         attempts: &AtomicU32,
     ) -> Result<C::Won, LockError> {
         let inner = &self.inner;
+        let promise = |wait: Duration| {
+            let until = Instant::now() + wait;
+            fronts.iter().for_each(|front| front.promise(until));
+        };
         let mut attempt: u32 = 0;
         let mut subscription: Option<Subscription> = None;
         let mut listening: Option<Arc<str>> = None;
@@ -218,6 +235,7 @@ impl LockClient {
                 let limit = inner
                     .op_timeout
                     .min(request.deadline.saturating_duration_since(Instant::now()));
+                promise(limit);
                 subscription = inner.wakeups.subscribe(key, limit).await;
             }
             // Listen before asking, so a release in between is not missed.
@@ -226,6 +244,7 @@ impl LockClient {
                 released.enable();
             }
             attempts.fetch_add(1, Ordering::Relaxed);
+            promise(request.limit(inner.op_timeout));
             let (mut free_in, mut foreign) = (None, false);
             let last_error = match contender.attempt(retry).await {
                 Ok(won) => return Ok(won),
@@ -273,6 +292,7 @@ impl LockClient {
                 .min(request.deadline.saturating_duration_since(Instant::now()));
             attempt = attempt.saturating_add(1);
             observe::retry(request.key, attempt, pause);
+            promise(pause);
             match released.as_mut().as_pin_mut() {
                 Some(released) => {
                     let _ = tokio::time::timeout(pause, released).await;
@@ -331,7 +351,7 @@ pub(crate) struct Request<'k> {
     /// How long one call may wait on the servers.
     call_bound: Duration,
     /// The deadline plus one call's bound: nothing waits on Redis past it.
-    end: Instant,
+    pub(crate) end: Instant,
 }
 
 impl Request<'_> {
@@ -620,48 +640,54 @@ enum Waited {
 struct Waiter<'a> {
     inner: &'a Arc<ClientInner>,
     key: &'a Arc<str>,
-    handoff: oneshot::Receiver<Handoff>,
+    handoff: Offered,
 }
 
 impl Waiter<'_> {
     /// Waits behind the task ahead until it hands over, or until its lease
-    /// is lost (then moves up front itself), or until `deadline`.
-    async fn wait(mut self, holder: Option<Arc<Lease>>, ahead: Owner, deadline: Instant) -> Waited {
+    /// is lost or it let its promise pass (then moves up front itself,
+    /// promising `until`), or until `deadline`.
+    async fn wait(
+        mut self,
+        holder: Option<Arc<Lease>>,
+        ahead: Owner,
+        deadline: Instant,
+        until: Instant,
+    ) -> Waited {
         let queues = &self.inner.queues;
-        let key = self.key;
-        let handoff = &mut self.handoff;
-        let waited = async {
-            if let Some(holder) = holder {
-                tokio::select! {
-                    received = &mut *handoff => return received.ok(),
-                    () = holder.lost() => {
-                        if let Some(owner) = queues.replace_lost_holder(key, ahead) {
-                            return Some(Handoff::Free { after: Duration::ZERO, owner });
-                        }
-                    }
-                }
-            }
-            handoff.await.ok()
-        };
+        let waited = queues.wait_behind(self.key, ahead, holder, &mut self.handoff, until);
         match tokio::time::timeout_at(deadline, waited).await {
             Err(_) => Waited::TimedOut,
-            Ok(None) => Waited::Again,
-            Ok(Some(handoff)) => {
+            Ok(Ok(None)) => Waited::Again,
+            Ok(Ok(Some(handoff))) => {
                 let owner = match &handoff {
                     Handoff::Lease(_, owner) | Handoff::Free { owner, .. } => *owner,
                 };
                 Waited::Front(owner, Some(handoff))
             }
+            Ok(Err(owner)) => Waited::Front(owner, None),
         }
     }
 }
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        self.handoff.close();
-        if let Ok(handoff) = self.handoff.try_recv() {
+        if let Some(handoff) = self.handoff.close() {
             pass_on(self.inner, self.key, handoff);
         }
+    }
+}
+
+/// An offer its waiter did not take in time is passed on as if the waiter
+/// had gone.
+impl PassOn for ClientInner {
+    fn queues(&self) -> &Queues {
+        &self.queues
+    }
+
+    fn pass_on(self: Arc<Self>, key: &Arc<str>, handoff: Handoff) {
+        observe::offer_withdrawn(key);
+        pass_on(&self, key, handoff);
     }
 }
 

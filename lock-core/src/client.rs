@@ -6,7 +6,7 @@ use crate::current;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::LockGuard;
 use crate::kinds;
-use crate::lease::Lease;
+use crate::lease::{Lease, Scope};
 use crate::observe;
 use crate::options::{LockOptions, Mode};
 use crate::state::LockClient;
@@ -258,7 +258,7 @@ impl LockClient {
         options
             .check(self.inner.default_wait)
             .map_err(|e| e.with_key(key))?;
-        if options.fences() && lease.fence.is_none() {
+        if options.fences() && lease.fence_of(key).is_none() {
             return Err(LockError::config(
                 "fencing asked for on a lock this task already holds without a fencing token; \
                  take the outermost lock with fencing",
@@ -275,11 +275,18 @@ impl LockClient {
                      exclusive",
                 ));
         }
+        if let (Scope::Member(held), Mode::Shared | Mode::Permits(_)) = (&lease.scope, options.mode)
+        {
+            let asked = kinds::member_marker(options.mode);
+            if held.marker != asked {
+                return Err(kinds::mismatch(&held.marker, &asked).with_key(key));
+            }
+        }
         if lease.is_lost() {
             return Err(LockError::lost(key));
         }
         observe::reentered(key);
-        Ok(LockGuard::reentry(self.inner.clone(), lease))
+        Ok(LockGuard::reentry(self.inner.clone(), lease, key))
     }
 
     /// The Redis key a lock named `key` is stored under: the prefix, then the

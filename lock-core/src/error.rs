@@ -26,7 +26,8 @@ pub enum ErrorKind {
     /// Redis answered with an error (a permission denied by an ACL, a key of
     /// the wrong type, a script error).
     Server,
-    /// The lock key was empty or too long.
+    /// The lock key was empty, too long, or started with `}` (which would
+    /// leave its Redis Cluster hash tag empty).
     InvalidKey,
     /// The client's configuration was invalid (bad URL, zero ttl, ...).
     Config,

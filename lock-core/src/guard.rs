@@ -109,7 +109,7 @@ impl LockGuard {
     ) -> LockGuard {
         lease.held.up();
         let heartbeat = match renewal {
-            Renewal::From(due) => Some(client.heartbeat.join(&client.backend, lease.clone(), due)),
+            Renewal::From(due) => Some(client.heartbeat.join(&client.renewals, lease.clone(), due)),
             Renewal::Off => None,
         };
         LockGuard {
@@ -123,12 +123,20 @@ impl LockGuard {
 
     /// A re-entry of `lease`, held by an enclosing annotated body of this
     /// task: it neither renews nor releases, and is nobody in the queue.
-    pub(crate) fn reentry(client: Arc<ClientInner>, lease: Arc<Lease>) -> LockGuard {
+    /// `key`: the key re-entered (one of a lease on several keys).
+    pub(crate) fn reentry(client: Arc<ClientInner>, lease: Arc<Lease>, key: &str) -> LockGuard {
+        let part = match &lease.scope {
+            Scope::Several(parts) => parts
+                .iter()
+                .position(|p| p.key() == key)
+                .and_then(|i| u32::try_from(i).ok()),
+            _ => None,
+        };
         LockGuard {
             client,
             lease,
             heartbeat: None,
-            stage: Stage::Reentry,
+            stage: Stage::Reentry { part },
             place: Place::Nowhere,
         }
     }
@@ -182,14 +190,30 @@ impl LockGuard {
     /// The key as the caller named it (without the client's prefix); for a
     /// lock on several keys, the first in canonical order.
     pub fn key(&self) -> &str {
-        self.lease.key()
+        match self.reentered_part() {
+            Some(part) => part.key(),
+            None => self.lease.key(),
+        }
+    }
+
+    /// Of a re-entry of one key of a lease on several, that key.
+    fn reentered_part(&self) -> Option<&Part> {
+        let (Stage::Reentry { part: Some(at) }, Scope::Several(parts)) =
+            (&self.stage, &self.lease.scope)
+        else {
+            return None;
+        };
+        parts.get(*at as usize)
     }
 
     /// The fencing token, when the lock was taken with fencing: larger for
     /// every later holder of the same key. Pass it to the protected resource
     /// and have it refuse writes carrying a smaller token than it has seen.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.lease.fence
+        match self.reentered_part() {
+            Some(part) => part.fence,
+            None => self.lease.fence,
+        }
     }
 
     /// The current lease length (changed by [`extend`](Self::extend)).
@@ -248,7 +272,7 @@ impl LockGuard {
     /// lease belongs to the outermost holder, whose ttl and renewal stay as
     /// they were taken.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        if matches!(self.stage, Stage::Reentry) {
+        if matches!(self.stage, Stage::Reentry { .. }) {
             return Err(LockError::config(
                 "this guard re-entered a lock an enclosing annotated body holds; \
                  its lease is the outer one's: give the outermost lock the ttl it needs",
@@ -319,7 +343,7 @@ impl LockGuard {
     /// held: `Ok(true)` while the outer lease is held, `Ok(false)` once it is
     /// known lost.
     pub async fn release(mut self) -> Result<bool, LockError> {
-        if matches!(self.stage, Stage::Reentry) {
+        if matches!(self.stage, Stage::Reentry { .. }) {
             self.stage = Stage::Done;
             return Ok(!self.lease.is_lost());
         }
@@ -388,7 +412,7 @@ impl LockGuard {
     /// down): the lease expires by itself.
     pub async fn send_release(mut self) -> Result<(), LockError> {
         let unheard = matches!(self.lease.scope, Scope::One)
-            && !matches!(self.stage, Stage::Reentry)
+            && !matches!(self.stage, Stage::Reentry { .. })
             && self.lease.keep_for().is_none();
         if !unheard {
             return self.release().await.map(drop);
@@ -495,7 +519,7 @@ impl Drop for LockGuard {
                 spent
             }
             // The enclosing body owns the lease and releases it.
-            Stage::Reentry | Stage::Done => false,
+            Stage::Reentry { .. } | Stage::Done => false,
         };
         self.leave_queue(spent);
     }
@@ -549,8 +573,9 @@ enum Stage {
     /// answer; `spent`: a hand-off budget ran out.
     Releasing { spent: bool },
     /// A re-entry of a lease an enclosing annotated body holds: never
-    /// renewed, released or handed on from here.
-    Reentry,
+    /// renewed, released or handed on from here. `part`: of a lease on
+    /// several keys, the key re-entered.
+    Reentry { part: Option<u32> },
     /// Released, handed on, or dropped.
     Done,
 }

@@ -26,10 +26,16 @@
 //!   deadlines, the others kept; a backlog of overdue leases is reported (a
 //!   WARN at most every ten seconds, and metrics).
 //!
-//! The task runs on the runtime of the first guard that needed it, and ends
-//! after a short idle period. Should that runtime shut down while guards
-//! from another runtime are still held, their leases are not renewed and are
-//! reported lost at their validity deadline; the next guard starts a new task.
+//! Nothing a task of the client's users does can hold a renewal up. The task
+//! runs on a thread of its own with a runtime of its own, over connections of
+//! its own (`Backend::twin`): a caller's future kept but never polled, a
+//! worker thread blocked by a synchronous call, or a runtime shutting down
+//! delays no renewal. Each call is bounded by half of what is left before
+//! the round's last deadline, so a call to a connection that stopped
+//! answering still leaves time for a retry on a new one. The thread ends
+//! after a short idle period; the next guard starts another. (On the
+//! in-memory store, which needs no I/O, the task runs on the runtime of the
+//! first guard that needed it.)
 
 use crate::backend::{BATCH, Backend, Renewable, Renewal};
 use crate::hold::{self, Expiry};
@@ -319,11 +325,18 @@ impl Heartbeat {
         };
         if let Some(flag) = start {
             let running = Running(flag);
+            let remote = backend.is_remote();
             let (heartbeat, backend) = (Arc::downgrade(self), Arc::downgrade(backend));
-            tokio::spawn(async move {
+            let task = async move {
                 let _running = running;
                 run(heartbeat, backend).await;
-            });
+            };
+            match remote {
+                true => spawn_apart(task),
+                // The in-memory store needs no I/O, and its users' tests may
+                // pause the clock of their runtime: it stays there.
+                false => drop(tokio::spawn(task)),
+            }
         } else if wake {
             heartbeat.wake.notify_one();
         }
@@ -349,6 +362,42 @@ impl Heartbeat {
     /// Stops renewing a lease.
     pub(crate) fn leave(&self, enrolment: Enrolment, lease: &Arc<Lease>) {
         self.lock().leases.remove(enrolment, lease);
+    }
+}
+
+/// Runs the heartbeat on a thread of its own, with a runtime of its own
+/// (falling back to the caller's runtime should the system refuse a
+/// thread). A runtime's timers and sockets are served only while one of its
+/// worker threads is free to poll them: a task that blocks its worker (a
+/// synchronous call) can hold up every timer and socket of that runtime,
+/// and a renewal there would wait with them.
+fn spawn_apart(task: impl Future<Output = ()> + Send + 'static) {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let started = std::thread::Builder::new()
+        .name("lock-core-heartbeat".into())
+        .spawn(move || {
+            let task = match receiver.recv() {
+                Ok(task) => task,
+                Err(_) => return,
+            };
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(task),
+                Err(err) => observe::heartbeat_unstarted(&err),
+            }
+        });
+    let task: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(task);
+    match started {
+        Ok(_) => {
+            // The thread is running; it owns the task from now on.
+            let _ = sender.send(task);
+        }
+        Err(err) => {
+            observe::heartbeat_unstarted(&err);
+            drop(tokio::spawn(task));
+        }
     }
 }
 
@@ -562,9 +611,11 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
         .map(|due| due.lease.valid_until())
         .max()
         .unwrap_or(sent);
+    // Half of what is left: a call that times out (a connection that went
+    // silent) leaves the other half for a retry on a new connection.
     let limit = heartbeat
         .op_timeout
-        .min(last_deadline.saturating_duration_since(sent))
+        .min(last_deadline.saturating_duration_since(sent) / 2)
         .max(Duration::from_millis(1));
     let answers = renew_each(backend, &round, limit).await;
     let now = Instant::now();

@@ -46,7 +46,9 @@ impl LockClient {
         // the same keys in opposite orders meet in the same order here too.
         let mut fronts = Vec::with_capacity(storage_keys.len());
         for key in &storage_keys {
-            let (owner, handoff) = self.join_queue_of(key, &request).await?;
+            // First in one key's queue, the task may wait in the next one's
+            // until its wait ends.
+            let (owner, handoff) = self.join_queue_of(key, &request, request.end).await?;
             fronts.push(Front::new(&inner.queues, key, owner));
             self.free_handoff(key, handoff, request.deadline).await;
         }
@@ -60,7 +62,9 @@ impl LockClient {
             writers: storage_keys.iter().map(|k| writer_key(k)).collect(),
             busy: 0,
         };
-        let Won(token, fences, sent) = self.contend_with(&request, &mut several, attempts).await?;
+        let Won(token, fences, sent) = self
+            .contend_with(&request, &mut several, &fronts, attempts)
+            .await?;
         let parts: Box<[Part]> = storage_keys
             .iter()
             .enumerate()
@@ -119,10 +123,13 @@ impl LockClient {
             .with_key(key));
         }
         let request = self.request(key, &options)?;
-        let (marker, limit) = match options.mode {
-            Mode::Permits(n) => (format!("permits:{n}"), n),
-            _ => ("shared".to_owned(), 0),
-        };
+        let (marker, limit) = (
+            member_marker(options.mode),
+            match options.mode {
+                Mode::Permits(n) => n,
+                _ => 0,
+            },
+        );
         let membership = Membership {
             holders: holders_key(&request.storage_key),
             writer: writer_key(&request.storage_key),
@@ -134,7 +141,9 @@ impl LockClient {
             request: &request,
             membership: &membership,
         };
-        let Won(token, (), sent) = self.contend_with(&request, &mut member, attempts).await?;
+        let Won(token, (), sent) = self
+            .contend_with(&request, &mut member, &[], attempts)
+            .await?;
         let lease = request
             .lease(token, None, validity_end(sent, request.ttl))
             .with_scope(Scope::Member(Box::new(membership)));
@@ -248,7 +257,7 @@ impl Contender for Member<'_, '_> {
 }
 
 /// The error for a holder asking for another kind than the key is held as.
-fn mismatch(found: &str, asked: &str) -> LockError {
+pub(crate) fn mismatch(found: &str, asked: &str) -> LockError {
     let says = |marker: &str| match marker.strip_prefix("permits:") {
         Some(n) => format!("with {n} permits"),
         None => "shared".to_owned(),
@@ -259,6 +268,15 @@ fn mismatch(found: &str, asked: &str) -> LockError {
         says(found),
         says(asked),
     ))
+}
+
+/// What the lock key of a shared lock (`shared`) or of permits
+/// (`permits:N`) holds while it has holders.
+pub(crate) fn member_marker(mode: Mode) -> String {
+    match mode {
+        Mode::Permits(n) => format!("permits:{n}"),
+        _ => "shared".to_owned(),
+    }
 }
 
 /// The holder set of a lock; shares its hash slot.

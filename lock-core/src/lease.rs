@@ -297,6 +297,14 @@ impl Lease {
     }
 
     /// Whether this is a shared hold or a permit.
+    /// The fencing token of `key`, one of the keys this lease holds.
+    pub(crate) fn fence_of(&self, key: &str) -> Option<u64> {
+        match &self.scope {
+            Scope::Several(parts) => parts.iter().find(|p| p.key() == key)?.fence,
+            _ => self.fence,
+        }
+    }
+
     pub(crate) fn is_member(&self) -> bool {
         matches!(self.scope, Scope::Member(_))
     }

@@ -111,6 +111,26 @@ pub(crate) fn heartbeat_overloaded(backlog: usize, held: usize, round_cap: usize
     );
 }
 
+/// A lease or a turn handed to a waiter of this process that did not take
+/// it in time (its future kept but not polled, its thread blocked) went
+/// to the next waiter or back to Redis.
+pub(crate) fn offer_withdrawn(key: &str) {
+    tracing::debug!(
+        key,
+        "a waiter did not take the lock handed to it in time; passed on"
+    );
+}
+
+/// The heartbeat's own thread or runtime could not be started (the system
+/// refused a thread): it runs on the caller's runtime instead, or, when
+/// the runtime failed, the held leases go unrenewed until the next lock.
+pub(crate) fn heartbeat_unstarted(err: &std::io::Error) {
+    tracing::warn!(
+        error = %err,
+        "could not start the lock renewal thread; locks may be renewed late or lost"
+    );
+}
+
 /// The leases the heartbeat's last round left overdue (0 when it keeps up);
 /// rounds that left some are counted.
 pub(crate) fn heartbeat_backlog(backlog: usize) {

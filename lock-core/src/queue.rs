@@ -15,13 +15,26 @@
 //! long since the lease was taken from Redis, the lease is released for real
 //! and the next task in the queue must win it in Redis against other processes,
 //! so no process can keep a key to itself.
+//!
+//! Nothing here waits on a task that is not running. A hand-off is an
+//! *offer*: a waiter that has not taken its lease or its turn within
+//! [`OFFER`] (its future kept but never polled again, its thread blocked)
+//! loses it, and it goes to the next waiter or back to Redis. The first task
+//! in a queue, while it acquires, *promises* when it will next act (the
+//! end of its call, or of its pause between attempts); the tasks behind it
+//! move up past a front that let its promise pass by [`GRACE`] and contend
+//! in Redis themselves, so a front that makes no progress holds nobody back
+//! past their own waits.
 
 use crate::lease::Lease;
 use crate::token::Token;
+use futures::task::AtomicWaker;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// How long a process may keep a key through hand-offs.
@@ -58,6 +71,15 @@ impl Default for HandoffBudget {
 /// woken by the release message, to get its attempt in first.
 pub(crate) const YIELD: Duration = Duration::from_millis(1);
 
+/// How long a waiter has to take what is handed to it before the offer is
+/// withdrawn and passed on. A waiter that is polled takes it at once; this
+/// only has to cover a busy scheduler.
+pub(crate) const OFFER: Duration = Duration::from_millis(10);
+
+/// How late past its promise the first task of a queue may be before the
+/// tasks behind it move up past it.
+pub(crate) const GRACE: Duration = Duration::from_millis(20);
+
 /// Who is first in a queue: changes at every hand-over, so a guard that lost
 /// its place (its lease was lost and a waiter moved up) cannot disturb the
 /// queue any more.
@@ -82,6 +104,9 @@ struct Queue {
     owner: Owner,
     /// The lease of the task first in queue, once it holds one.
     holder: Option<Arc<Lease>>,
+    /// Until it holds: by when the task first in queue promised to act
+    /// next (see [`Front::promise`]).
+    due: Instant,
     waiting: Waiting,
     /// Hand-offs since the lease was last taken from Redis.
     handoffs: u32,
@@ -95,7 +120,7 @@ struct Queue {
 #[derive(Default)]
 // The box is the point: eight bytes in every queue instead of thirty-two.
 #[allow(clippy::box_collection)]
-struct Waiting(Option<Box<VecDeque<oneshot::Sender<Handoff>>>>);
+struct Waiting(Option<Box<VecDeque<Arc<Slot>>>>);
 
 impl Waiting {
     /// Drops the waiters that gave up.
@@ -105,11 +130,11 @@ impl Waiting {
         }
     }
 
-    fn push_back(&mut self, waiter: oneshot::Sender<Handoff>) {
+    fn push_back(&mut self, waiter: Arc<Slot>) {
         self.0.get_or_insert_default().push_back(waiter);
     }
 
-    fn pop_front(&mut self) -> Option<oneshot::Sender<Handoff>> {
+    fn pop_front(&mut self) -> Option<Arc<Slot>> {
         self.0.as_mut()?.pop_front()
     }
 
@@ -118,12 +143,136 @@ impl Waiting {
     }
 }
 
+/// Where the task ahead puts what it hands to one waiter.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+    waker: AtomicWaker,
+}
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Empty,
+    Offered(Handoff),
+    /// It takes nothing more: what was offered was taken or withdrawn, or
+    /// the waiter is gone.
+    Closed,
+}
+
+impl Slot {
+    fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_closed(&self) -> bool {
+        matches!(*self.state(), SlotState::Closed)
+    }
+
+    /// Puts `handoff` in the slot; gives it back when the waiter is gone.
+    fn offer(&self, handoff: Handoff) -> Result<(), Handoff> {
+        {
+            let mut state = self.state();
+            if !matches!(*state, SlotState::Empty) {
+                return Err(handoff);
+            }
+            *state = SlotState::Offered(handoff);
+        }
+        self.waker.wake();
+        Ok(())
+    }
+
+    /// Takes back what the waiter has not taken, closing the slot.
+    fn withdraw(&self) -> Option<Handoff> {
+        let mut state = self.state();
+        match std::mem::take(&mut *state) {
+            SlotState::Offered(handoff) => {
+                *state = SlotState::Closed;
+                Some(handoff)
+            }
+            other => {
+                *state = other;
+                None
+            }
+        }
+    }
+}
+
+/// A waiter's end of its [`Slot`]: completes with what the task ahead
+/// handed over, or `None` when the offer was withdrawn (the waiter was too
+/// slow to take it) and the waiter must queue again.
+pub(crate) struct Offered(Arc<Slot>);
+
+impl Offered {
+    /// No more offers; returns what was offered and not taken yet, for the
+    /// caller to pass on.
+    pub(crate) fn close(&self) -> Option<Handoff> {
+        let mut state = self.0.state();
+        match std::mem::replace(&mut *state, SlotState::Closed) {
+            SlotState::Offered(handoff) => Some(handoff),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Offered {
+    /// The waiter is gone: the task ahead passes over it. (Whoever drops
+    /// it takes out and passes on what it was offered first, with
+    /// [`close`](Offered::close).)
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Future for Offered {
+    type Output = Option<Handoff>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Handoff>> {
+        self.0.waker.register(cx.waker());
+        let mut state = self.0.state();
+        match std::mem::take(&mut *state) {
+            SlotState::Empty => Poll::Pending,
+            SlotState::Offered(handoff) => {
+                *state = SlotState::Closed;
+                Poll::Ready(Some(handoff))
+            }
+            SlotState::Closed => {
+                *state = SlotState::Closed;
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+/// What passes on an offer withdrawn from a waiter: the client whose
+/// queues these are (the next waiter, or a release in Redis).
+pub(crate) trait PassOn: Send + Sync + 'static {
+    /// The queues of the client.
+    fn queues(&self) -> &Queues;
+    /// Passes `handoff` of `key` on, as if its waiter had dropped it.
+    fn pass_on(self: Arc<Self>, key: &Arc<str>, handoff: Handoff);
+}
+
+/// An offer watched: the key, and the waiter's slot.
+type Watched = (Arc<str>, Weak<Slot>);
+
+/// The offers not taken yet, oldest first (all wait [`OFFER`]), and
+/// whether a task watches them.
+#[derive(Default)]
+struct Offers {
+    pending: VecDeque<(Instant, Arc<str>, Weak<Slot>)>,
+    watched: bool,
+}
+
 /// Every key some task of this client holds or is acquiring.
 pub(crate) struct Queues {
     /// The queues, spread over shards by key so that tasks on different keys
     /// seldom meet on one mutex (or one cache line).
     shards: Box<[CachePadded]>,
     pick: foldhash::fast::RandomState,
+    offers: Mutex<Offers>,
+    /// Who passes on a withdrawn offer; set once the client is assembled.
+    client: OnceLock<Weak<dyn PassOn>>,
 }
 
 /// How many shards [`Queues`] has.
@@ -149,6 +298,8 @@ impl Default for Queues {
         Queues {
             shards: (0..SHARDS).map(|_| CachePadded::default()).collect(),
             pick: foldhash::fast::RandomState::default(),
+            offers: Mutex::default(),
+            client: OnceLock::new(),
         }
     }
 }
@@ -173,7 +324,7 @@ pub(crate) enum Position {
     Front(Owner),
     /// Wait for the hand-off, or for the holder's lease to be lost.
     Behind {
-        handoff: oneshot::Receiver<Handoff>,
+        handoff: Offered,
         holder: Option<Arc<Lease>>,
         /// The owner ahead.
         ahead: Owner,
@@ -193,6 +344,102 @@ pub(crate) enum Next {
 }
 
 impl Queues {
+    /// Names the client that passes on withdrawn offers.
+    pub(crate) fn serve(&self, client: Weak<dyn PassOn>) {
+        let _ = self.client.set(client);
+    }
+
+    /// Offers `handoff` to `waiter`, watched from now on: should the waiter
+    /// not take it within [`OFFER`], it is withdrawn and passed on.
+    fn offer(&self, key: &Arc<str>, waiter: &Arc<Slot>, handoff: Handoff) -> Result<(), Handoff> {
+        waiter.offer(handoff)?;
+        let Some(client) = self.client.get() else {
+            return Ok(());
+        };
+        let start = {
+            let mut offers = self.offers.lock().unwrap_or_else(|p| p.into_inner());
+            let at = Instant::now() + OFFER;
+            offers
+                .pending
+                .push_back((at, key.clone(), Arc::downgrade(waiter)));
+            !std::mem::replace(&mut offers.watched, true)
+        };
+        if start {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(watch_offers(client.clone()))),
+                // Outside a runtime nothing can wait: the next offer made
+                // inside one starts the watch.
+                Err(_) => self.offers_unwatched(),
+            }
+        }
+        Ok(())
+    }
+
+    fn offers_unwatched(&self) {
+        self.offers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .watched = false;
+    }
+
+    /// The offers due for a look: those made [`OFFER`] ago or earlier, and
+    /// when the next one is due (`None`: none left, the watch ends).
+    fn due_offers(&self) -> (Vec<Watched>, Option<Instant>) {
+        let mut offers = self.offers.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while let Some((at, ..)) = offers.pending.front() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, key, slot)) = offers.pending.pop_front() {
+                due.push((key, slot));
+            }
+        }
+        let next = offers.pending.front().map(|(at, ..)| *at);
+        if next.is_none() && due.is_empty() {
+            offers.watched = false;
+        }
+        (due, next)
+    }
+
+    /// The first task of `key`'s queue, while it acquires, promises to act
+    /// again by `until`.
+    fn promise(&self, key: &str, owner: Owner, until: Instant) {
+        if let Some(queue) = self.lock(key).queues.get_mut(key)
+            && queue.owner == owner
+        {
+            queue.due = until;
+        }
+    }
+
+    /// When the tasks behind `ahead`, first in `key`'s queue, may move up
+    /// past it: once it let its promise pass by [`GRACE`]. `None` when it
+    /// holds the key (or is first no more): then only its release or loss
+    /// moves the queue.
+    fn stalled_after(&self, key: &str, ahead: Owner) -> Option<Instant> {
+        let shard = self.lock(key);
+        let queue = shard.queues.get(key)?;
+        (queue.owner == ahead && queue.holder.is_none()).then_some(queue.due + GRACE)
+    }
+
+    /// Moves a waiter up front past `ahead`, first in `key`'s queue, when it
+    /// let its promise pass (see [`stalled_after`](Self::stalled_after)):
+    /// the new first task promises to act by `until`.
+    fn replace_stalled_front(&self, key: &str, ahead: Owner, until: Instant) -> Option<Owner> {
+        let mut shard = self.lock(key);
+        let Shard { queues, owners } = &mut *shard;
+        let queue = queues.get_mut(key)?;
+        let stalled =
+            queue.owner == ahead && queue.holder.is_none() && queue.due + GRACE <= Instant::now();
+        if !stalled {
+            return None;
+        }
+        queue.owner = next_owner(owners);
+        queue.due = until;
+        Some(queue.owner)
+    }
+
     /// The shard of `key`, locked.
     fn lock(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
         let at = (std::hash::BuildHasher::hash_one(&self.pick, key) % SHARDS as u64) as usize;
@@ -216,8 +463,9 @@ impl Queues {
 
     /// Joins the queue for `key`; `wait: false` only looks (a caller that
     /// will not wait), and gets `None` when someone is ahead. A holder whose
-    /// lease is lost is no longer ahead of anyone.
-    pub(crate) fn join(&self, key: &Arc<str>, wait: bool) -> Option<Position> {
+    /// lease is lost is no longer ahead of anyone. A task that comes first
+    /// promises to act by `until` (see [`Front::promise`]).
+    pub(crate) fn join(&self, key: &Arc<str>, wait: bool, until: Instant) -> Option<Position> {
         let mut shard = self.lock(key);
         let Shard { queues, owners } = &mut *shard;
         let Some(queue) = queues.get_mut(&**key) else {
@@ -227,6 +475,7 @@ impl Queues {
                 Queue {
                     owner,
                     holder: None,
+                    due: until,
                     waiting: Waiting::default(),
                     handoffs: 0,
                     taken: None,
@@ -237,24 +486,30 @@ impl Queues {
         if queue.holder.as_ref().is_some_and(|h| h.is_lost()) {
             queue.owner = next_owner(owners);
             queue.holder = None;
+            queue.due = until;
             return Some(Position::Front(queue.owner));
         }
         if !wait {
             return None;
         }
         queue.waiting.forget_gone();
-        let (tx, rx) = oneshot::channel();
-        queue.waiting.push_back(tx);
+        let slot = Arc::new(Slot::default());
+        queue.waiting.push_back(slot.clone());
         Some(Position::Behind {
-            handoff: rx,
+            handoff: Offered(slot),
             holder: queue.holder.clone(),
             ahead: queue.owner,
         })
     }
 
     /// Moves a waiter up front when the holder it waited behind (`seen`) lost
-    /// its lease and is still first.
-    pub(crate) fn replace_lost_holder(&self, key: &str, seen: Owner) -> Option<Owner> {
+    /// its lease and is still first; the waiter promises to act by `until`.
+    pub(crate) fn replace_lost_holder(
+        &self,
+        key: &str,
+        seen: Owner,
+        until: Instant,
+    ) -> Option<Owner> {
         let mut shard = self.lock(key);
         let Shard { queues, owners } = &mut *shard;
         let queue = queues.get_mut(key)?;
@@ -263,12 +518,14 @@ impl Queues {
         }
         queue.owner = next_owner(owners);
         queue.holder = None;
+        queue.due = until;
         Some(queue.owner)
     }
 
     /// `owner` holds `lease` now; taken from Redis, it starts a new hand-off
     /// budget.
     pub(crate) fn set_holder(&self, key: &str, owner: Owner, lease: &Arc<Lease>, taken: Taken) {
+        // (`due` means nothing while a holder holds.)
         if let Some(queue) = self.lock(key).queues.get_mut(key)
             && queue.owner == owner
         {
@@ -288,14 +545,14 @@ impl Queues {
     /// [`pass_front`](Self::pass_front); after `NotFirst`, it only releases.
     pub(crate) fn hand_off(
         &self,
-        key: &str,
+        key: &Arc<str>,
         owner: Owner,
         lease: impl FnOnce() -> Option<HandedLease>,
         budget: HandoffBudget,
     ) -> Next {
         let mut shard = self.lock(key);
         let Shard { queues, owners } = &mut *shard;
-        let Some(queue) = queues.get_mut(key).filter(|queue| queue.owner == owner) else {
+        let Some(queue) = queues.get_mut(&**key).filter(|queue| queue.owner == owner) else {
             return Next::NotFirst;
         };
         queue.waiting.forget_gone();
@@ -318,10 +575,11 @@ impl Queues {
         }
         while let Some(next) = queue.waiting.pop_front() {
             let owner = next_owner(owners);
-            match next.send(Handoff::Lease(lease, owner)) {
+            match self.offer(key, &next, Handoff::Lease(lease, owner)) {
                 Ok(()) => {
                     queue.owner = owner;
                     queue.holder = None;
+                    queue.due = Instant::now() + OFFER;
                     queue.handoffs += 1;
                     return Next::HandedOver;
                 }
@@ -337,21 +595,62 @@ impl Queues {
     /// `owner` is done with the key (released in Redis, or never acquired):
     /// gives the next waiter its turn, or ends the queue. A task that comes
     /// after a budget ran out waits `after` first.
-    pub(crate) fn pass_front(&self, key: &str, owner: Owner, after: Duration) {
+    pub(crate) fn pass_front(&self, key: &Arc<str>, owner: Owner, after: Duration) {
         let mut shard = self.lock(key);
         let Shard { queues, owners } = &mut *shard;
-        let Some(queue) = queues.get_mut(key).filter(|queue| queue.owner == owner) else {
+        let Some(queue) = queues.get_mut(&**key).filter(|queue| queue.owner == owner) else {
             return;
         };
         queue.holder = None;
         while let Some(next) = queue.waiting.pop_front() {
             let owner = next_owner(owners);
-            if next.send(Handoff::Free { after, owner }).is_ok() {
+            if self
+                .offer(key, &next, Handoff::Free { after, owner })
+                .is_ok()
+            {
                 queue.owner = owner;
+                queue.due = Instant::now() + OFFER + after;
                 return;
             }
         }
-        queues.remove(key);
+        queues.remove(&**key);
+    }
+
+    /// Waits behind `ahead`, first in `key`'s queue, until `handoff` brings
+    /// something (`Some`), the offer is withdrawn (`None`: queue again), or
+    /// the front is passed by: its lease lost, or its promise let pass
+    /// (then this task is first, as the owner returned, promising `until`).
+    pub(crate) async fn wait_behind(
+        &self,
+        key: &str,
+        ahead: Owner,
+        holder: Option<Arc<Lease>>,
+        handoff: &mut Offered,
+        until: Instant,
+    ) -> Result<Option<Handoff>, Owner> {
+        if let Some(holder) = holder {
+            tokio::select! {
+                received = &mut *handoff => return Ok(received),
+                () = holder.lost() => {
+                    if let Some(owner) = self.replace_lost_holder(key, ahead, until) {
+                        return Err(owner);
+                    }
+                }
+            }
+        }
+        loop {
+            let Some(stalled) = self.stalled_after(key, ahead) else {
+                return Ok(handoff.await);
+            };
+            tokio::select! {
+                received = &mut *handoff => return Ok(received),
+                () = tokio::time::sleep_until(stalled) => {
+                    if let Some(owner) = self.replace_stalled_front(key, ahead, until) {
+                        return Err(owner);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -359,19 +658,25 @@ impl Queues {
 /// it on if the acquisition fails or is cancelled.
 pub(crate) struct Front<'a> {
     queues: &'a Queues,
-    key: &'a str,
+    key: &'a Arc<str>,
     owner: Owner,
     armed: bool,
 }
 
 impl<'a> Front<'a> {
-    pub(crate) fn new(queues: &'a Queues, key: &'a str, owner: Owner) -> Front<'a> {
+    pub(crate) fn new(queues: &'a Queues, key: &'a Arc<str>, owner: Owner) -> Front<'a> {
         Front {
             queues,
             key,
             owner,
             armed: true,
         }
+    }
+
+    /// Promises to act again (an attempt, or giving up the place) by
+    /// `until`: the tasks behind move up past a front that does not.
+    pub(crate) fn promise(&self, until: Instant) {
+        self.queues.promise(self.key, self.owner, until);
     }
 
     /// The acquisition succeeded: the guard (holding `lease`) owns the queue
@@ -391,9 +696,44 @@ impl Drop for Front<'_> {
     }
 }
 
+/// Withdraws the offers their waiters did not take within [`OFFER`], and
+/// passes them on; ends once no offer is left to watch.
+async fn watch_offers(client: Weak<dyn PassOn>) {
+    loop {
+        let Some(owner) = client.upgrade() else {
+            return;
+        };
+        // With nothing due and nothing pending, this also marks the watch
+        // ended (under the same lock as new offers look at it).
+        let (due, next) = owner.queues().due_offers();
+        let Some(next) = next.filter(|_| due.is_empty()) else {
+            if due.is_empty() {
+                return;
+            }
+            for (key, slot) in due {
+                if let Some(handoff) = slot.upgrade().and_then(|slot| slot.withdraw()) {
+                    owner.clone().pass_on(&key, handoff);
+                }
+            }
+            // Passing on may have made new offers: look again.
+            continue;
+        };
+        drop(owner);
+        tokio::time::sleep_until(next).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key() -> Arc<str> {
+        "k".into()
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
 
     fn handed() -> HandedLease {
         HandedLease {
@@ -403,14 +743,14 @@ mod tests {
     }
 
     fn first(queues: &Queues) -> Owner {
-        match queues.join(&"k".into(), true) {
+        match queues.join(&key(), true, later()) {
             Some(Position::Front(owner)) => owner,
             _ => panic!("expected to be first"),
         }
     }
 
-    fn behind(queues: &Queues) -> oneshot::Receiver<Handoff> {
-        match queues.join(&"k".into(), true) {
+    fn behind(queues: &Queues) -> Offered {
+        match queues.join(&key(), true, later()) {
             Some(Position::Behind { handoff, .. }) => handoff,
             _ => panic!("expected to wait"),
         }
@@ -434,15 +774,15 @@ mod tests {
         let owner = first(&queues);
         let second = behind(&queues);
         let third = behind(&queues);
-        queues.pass_front("k", owner, Duration::ZERO);
-        let Ok(Handoff::Free { owner, .. }) = second.await else {
+        queues.pass_front(&key(), owner, Duration::ZERO);
+        let Some(Handoff::Free { owner, .. }) = second.await else {
             panic!("second gets the front")
         };
-        queues.pass_front("k", owner, Duration::ZERO);
-        let Ok(Handoff::Free { owner, .. }) = third.await else {
+        queues.pass_front(&key(), owner, Duration::ZERO);
+        let Some(Handoff::Free { owner, .. }) = third.await else {
             panic!("third gets the front")
         };
-        queues.pass_front("k", owner, Duration::ZERO);
+        queues.pass_front(&key(), owner, Duration::ZERO);
         first(&queues);
     }
 
@@ -457,17 +797,17 @@ mod tests {
         queues.set_holder("k", owner, &lease(), Taken::FromRedis);
         let second = behind(&queues);
         assert!(matches!(
-            queues.hand_off("k", owner, || Some(handed()), budget),
+            queues.hand_off(&key(), owner, || Some(handed()), budget),
             Next::HandedOver
         ));
-        let Ok(Handoff::Lease(_, owner)) = second.await else {
+        let Some(Handoff::Lease(_, owner)) = second.await else {
             panic!("second gets the lease")
         };
         queues.set_holder("k", owner, &lease(), Taken::HandedOver);
         let _third = behind(&queues);
         // One hand-off used: the next let-go releases for real.
         assert!(matches!(
-            queues.hand_off("k", owner, || Some(handed()), budget),
+            queues.hand_off(&key(), owner, || Some(handed()), budget),
             Next::Release { spent: true }
         ));
     }
@@ -480,10 +820,10 @@ mod tests {
         drop(behind(&queues));
         let next = behind(&queues);
         assert!(matches!(
-            queues.hand_off("k", owner, || Some(handed()), HandoffBudget::default()),
+            queues.hand_off(&key(), owner, || Some(handed()), HandoffBudget::default()),
             Next::HandedOver
         ));
-        assert!(matches!(next.await, Ok(Handoff::Lease(..))));
+        assert!(matches!(next.await, Some(Handoff::Lease(..))));
     }
 
     #[test]
@@ -492,14 +832,14 @@ mod tests {
         let owner = first(&queues);
         queues.set_holder("k", owner, &lease(), Taken::FromRedis);
         assert!(matches!(
-            queues.hand_off("k", owner, || Some(handed()), HandoffBudget::default()),
+            queues.hand_off(&key(), owner, || Some(handed()), HandoffBudget::default()),
             Next::Release { spent: false }
         ));
         // While the release is in flight, a newcomer waits its front.
-        assert!(queues.join(&"k".into(), false).is_none());
-        queues.pass_front("k", owner, Duration::ZERO);
+        assert!(queues.join(&key(), false, later()).is_none());
+        queues.pass_front(&key(), owner, Duration::ZERO);
         assert!(matches!(
-            queues.join(&"k".into(), false),
+            queues.join(&key(), false, later()),
             Some(Position::Front(_))
         ));
     }
@@ -508,10 +848,10 @@ mod tests {
     fn a_caller_that_will_not_wait_is_not_queued() {
         let queues = Queues::default();
         assert!(matches!(
-            queues.join(&"k".into(), false),
+            queues.join(&key(), false, later()),
             Some(Position::Front(_))
         ));
-        assert!(queues.join(&"k".into(), false).is_none());
+        assert!(queues.join(&key(), false, later()).is_none());
     }
 
     #[test]
@@ -524,16 +864,16 @@ mod tests {
         let fresh = first(&queues);
         assert_ne!(fresh, stale);
         let _waiter = behind(&queues);
-        queues.pass_front("k", stale, Duration::ZERO);
+        queues.pass_front(&key(), stale, Duration::ZERO);
         assert!(matches!(
-            queues.hand_off("k", stale, || Some(handed()), HandoffBudget::default()),
+            queues.hand_off(&key(), stale, || Some(handed()), HandoffBudget::default()),
             Next::NotFirst
         ));
         assert!(
-            queues.join(&"k".into(), false).is_none(),
+            queues.join(&key(), false, later()).is_none(),
             "the fresh owner is still first"
         );
-        assert_eq!(queues.replace_lost_holder("k", stale), None);
-        assert!(queues.replace_lost_holder("k", fresh).is_some());
+        assert_eq!(queues.replace_lost_holder("k", stale, later()), None);
+        assert!(queues.replace_lost_holder("k", fresh, later()).is_some());
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::Heartbeat;
 use crate::hold::{self, Expiry};
 use crate::lease::{Lease, MAX_KEY_LEN, Scope};
-use crate::queue::{HandoffBudget, Queues};
+use crate::queue::{HandoffBudget, PassOn, Queues};
 use crate::token::{Holder, Token, local_now_ms};
 use std::fmt;
 use std::future::Future;
@@ -45,6 +45,9 @@ pub struct LockClient {
 /// What every clone of a client shares.
 pub(crate) struct ClientInner {
     pub(crate) backend: Arc<Backend>,
+    /// The same servers through connections of their own, for the
+    /// heartbeat alone (the in-memory store: the same one).
+    pub(crate) renewals: Arc<Backend>,
     pub(crate) prefix: String,
     /// Who this client's locks name as their holder, and its estimate of
     /// the server's clock.
@@ -86,9 +89,15 @@ impl LockClient {
     /// The client for checked settings and a backend.
     pub(crate) fn assemble(settings: Settings, backend: Backend) -> LockClient {
         let wakeups = backend.wakeups();
-        LockClient {
+        let backend = Arc::new(backend);
+        let renewals = match backend.is_remote() {
+            true => Arc::new(backend.twin()),
+            false => backend.clone(),
+        };
+        let client = LockClient {
             inner: Arc::new(ClientInner {
-                backend: Arc::new(backend),
+                backend,
+                renewals,
                 queues: Queues::default(),
                 handoff: settings.handoff,
                 wakeups,
@@ -100,7 +109,13 @@ impl LockClient {
                 backoff: settings.backoff,
                 heartbeat: Arc::new(Heartbeat::new(settings.op_timeout)),
             }),
-        }
+        };
+        let weak: std::sync::Weak<ClientInner> = Arc::downgrade(&client.inner);
+        client
+            .inner
+            .queues
+            .serve(weak as std::sync::Weak<dyn PassOn>);
+        client
     }
 }
 
@@ -142,6 +157,17 @@ impl ClientInner {
             return Err(
                 LockError::new(ErrorKind::InvalidKey).with_message("a lock key must not be empty")
             );
+        }
+        if key.starts_with('}') {
+            // `<prefix>{}...}`: an empty hash tag, so Redis Cluster would
+            // hash the whole name and put the fence counter and the holder
+            // set of the lock in other slots. Refused everywhere, so a key
+            // that works on one server works on Cluster too.
+            return Err(LockError::new(ErrorKind::InvalidKey).with_message(
+                "a lock key must not start with '}': the key goes inside braces (a Redis \
+                 Cluster hash tag) and '}' first would leave the tag empty, scattering the \
+                 lock's keys over slots; put another character first",
+            ));
         }
         let len = self.prefix.len() + key.len() + 2;
         if len > MAX_KEY_LEN {

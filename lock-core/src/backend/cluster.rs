@@ -93,6 +93,18 @@ impl ClusterNode {
         })
     }
 
+    /// The same cluster through a connection of its own (see
+    /// [`Backend::twin`](super::Backend::twin)).
+    pub(crate) fn twin(&self) -> ClusterNode {
+        ClusterNode {
+            client: self.client.clone(),
+            seeds: self.seeds.clone(),
+            addr: self.addr.clone(),
+            min_replicas: self.min_replicas,
+            shared: self.shared.twin(),
+        }
+    }
+
     /// Plain clients for the seed nodes, for the wake-up subscriptions.
     pub(crate) fn seed_clients(&self) -> Vec<redis::Client> {
         self.seeds.clone()

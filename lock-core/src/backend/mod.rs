@@ -224,6 +224,25 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// The same servers through connections of their own, for the
+    /// heartbeat: its renewals then never wait behind the calls of the
+    /// client's tasks, nor on the runtime those tasks run on (see
+    /// `heartbeat.rs`). The in-memory store is the same store.
+    pub(crate) fn twin(&self) -> Backend {
+        match self {
+            Backend::Single(node) => Backend::Single(node.twin()),
+            Backend::Redlock(quorum) => Backend::Redlock(quorum.twin()),
+            Backend::Cluster(cluster) => Backend::Cluster(cluster.twin()),
+            Backend::Memory(store) => Backend::Memory(store.clone()),
+        }
+    }
+
+    /// Whether calls go over the network (every backend but the in-memory
+    /// one).
+    pub(crate) fn is_remote(&self) -> bool {
+        !matches!(self, Backend::Memory(_))
+    }
+
     /// One acquisition attempt, bounded by `limit`.
     pub(crate) async fn acquire(
         &self,

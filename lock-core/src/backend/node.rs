@@ -286,6 +286,18 @@ impl Node {
         matches!(self.target, Target::Sentinel(_))
     }
 
+    /// The same server through connections of its own (see
+    /// [`Backend::twin`](super::Backend::twin)).
+    pub(crate) fn twin(&self) -> Node {
+        Node {
+            target: self.target.clone(),
+            addr: self.addr.clone(),
+            connect_timeout: self.connect_timeout,
+            min_replicas: self.min_replicas,
+            shared: self.shared.twin(),
+        }
+    }
+
     /// The server's address, without credentials.
     pub(crate) fn addr(&self) -> &str {
         &self.addr

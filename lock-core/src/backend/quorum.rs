@@ -101,6 +101,16 @@ impl Quorum {
         }
     }
 
+    /// The same servers through connections of their own (see
+    /// [`Backend::twin`](super::Backend::twin)).
+    pub(crate) fn twin(&self) -> Quorum {
+        Quorum {
+            nodes: self.nodes.iter().map(Node::twin).collect(),
+            background: Arc::default(),
+            node_timeout: self.node_timeout,
+        }
+    }
+
     pub(crate) fn nodes(&self) -> &[Node] {
         &self.nodes
     }

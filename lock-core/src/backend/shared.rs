@@ -181,6 +181,13 @@ where
 }
 
 impl<C: Clone + Send + Sync + 'static> Shared<C> {
+    /// A connection of its own to the same place, with the same settings:
+    /// nothing is shared with `self`, the connection included (opened on
+    /// its first call, on the caller's runtime).
+    pub(crate) fn twin(&self) -> Shared<C> {
+        Shared::new(self.state.connect_timeout, self.refused)
+    }
+
     pub(crate) fn new(
         connect_timeout: Duration,
         refused: fn(&str, redis::RedisError) -> LockError,

@@ -17,27 +17,34 @@
 //! Every step can be cancelled (the caller's timeout drops the future): the
 //! bytes read and the commands not yet written live in the connection, not
 //! in a caller's future, so the next reader carries on where it stopped.
-//! Reading does depend on the reader's task being polled: a caller's future
-//! kept alive but not polled while it holds the read side holds up the
-//! other calls until their timeouts replace the connection. Every call
-//! lock-core makes is awaited by the operation that made it, so this takes
-//! a lock future that its owner stops polling without dropping it.
+//!
+//! The read turn never depends on one caller's task being polled. A future
+//! kept alive but never polled again (stored in a struct, a `select!` branch
+//! left behind), or a task whose worker thread is blocked by a synchronous
+//! call, may hold the turn; every other waiter watches the turn while it
+//! waits, and when the holder has read nothing for [`STALL`] it takes the
+//! turn over and reads for everyone, the heartbeat's renewals included. The
+//! holder, polled again, finds the turn gone and waits like the others. The
+//! bytes are read and dispatched under a lock held only for those
+//! non-blocking steps, so two readers can never interleave a reply.
 //!
 //! It speaks RESP2, logs in (`AUTH`, with an ACL user name when given) and
 //! selects the database. TLS, Unix sockets and RESP3 go through the `redis`
 //! crate's connection instead (see `node.rs`).
 
-use futures::future::{Either, select};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use std::collections::VecDeque;
 use std::io;
-use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
+use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::{Instant, Sleep};
 
 use crate::scripts;
 
@@ -56,6 +63,14 @@ const READ_CHUNK: usize = 16 * 1024;
 /// chosen).
 const FLUSH_AT: usize = 1024;
 
+/// How long the holder of the read turn may read nothing, while others wait
+/// for replies, before one of them takes the turn over. A reader that is
+/// polled reads within microseconds of its socket turning readable; one
+/// that has not read for this long is kept unpolled or stuck on a blocked
+/// thread. Taking the turn from a reader that was merely slow to run costs
+/// nothing but the wake-up.
+pub(crate) const STALL: Duration = Duration::from_millis(10);
+
 /// Buffers grown past this by an unusually long command or reply are given
 /// back once empty.
 const KEEP_AT_MOST: usize = 1024 * 1024;
@@ -71,8 +86,16 @@ struct Inner {
     db: i64,
     /// What writers and the reader share; held only for non-blocking steps.
     state: Mutex<State>,
-    /// The read side: whoever holds it reads replies for everyone.
-    reader: tokio::sync::Mutex<ReadBuf>,
+    /// Bytes read and not parsed yet; locked only to read what the socket
+    /// holds and hand the replies out, never across a wait.
+    read_buf: Mutex<ReadBuf>,
+    /// Woken when the read turn is given up.
+    turn_free: Notify,
+    /// How many reads brought data: a waiter that sees it unchanged for
+    /// [`STALL`] takes the read turn over.
+    reads: AtomicU64,
+    /// Numbers the calls that wait for a reply, to tell who has the turn.
+    callers: AtomicU64,
     /// Whether lock-core's scripts are known to be loaded on the server, so
     /// a command sent without waiting for its reply may call one by its
     /// SHA: set once their loads are queued at connect (or an awaited call
@@ -98,6 +121,8 @@ struct State {
     sent_total: u64,
     /// Why the connection broke; every later call fails with it.
     broken: Option<(io::ErrorKind, String)>,
+    /// The caller whose turn it is to read for everyone, if any.
+    turn: Option<u64>,
 }
 
 /// Bytes read from the socket and not parsed yet: `buf[start..end]`.
@@ -128,11 +153,14 @@ impl Wire {
                 db: settings.db(),
                 state: Mutex::default(),
                 scripts_loaded: AtomicBool::new(false),
-                reader: tokio::sync::Mutex::new(ReadBuf {
+                read_buf: Mutex::new(ReadBuf {
                     buf: vec![0; READ_CHUNK],
                     start: 0,
                     end: 0,
                 }),
+                turn_free: Notify::new(),
+                reads: AtomicU64::new(0),
+                callers: AtomicU64::new(0),
             }),
         };
         if let Some(password) = settings.password() {
@@ -250,18 +278,22 @@ impl Wire {
     }
 
     /// Waits for the reply `rx` is for, reading for everyone whenever
-    /// nobody else does.
+    /// nobody else does, or whenever the one who does makes no progress.
     async fn receive(&self, mut rx: oneshot::Receiver<Reply>) -> Reply {
-        let mut reader = match self.inner.reader.try_lock() {
-            Ok(reader) => reader,
-            Err(_) => match select(&mut rx, pin!(self.inner.reader.lock())).await {
-                Either::Left((reply, _)) => {
-                    return reply.unwrap_or_else(|_| Err(self.inner.error()));
-                }
-                Either::Right((reader, _)) => reader,
-            },
-        };
-        self.inner.read_until(&mut reader, &mut rx).await
+        let me = self.inner.callers.fetch_add(1, Ordering::Relaxed);
+        loop {
+            if let Some(reply) = self.inner.wait_for_turn(&mut rx, me).await {
+                return reply;
+            }
+            let _turn = Turn {
+                inner: &self.inner,
+                me,
+            };
+            if let Some(reply) = self.inner.read_until(&mut rx, me).await {
+                return reply;
+            }
+            // The turn was taken over while this task was not polled.
+        }
     }
 
     /// Sends `cmd` without waiting for its reply: returns once it is written
@@ -489,38 +521,129 @@ impl Inner {
         })
     }
 
-    /// Reads replies, handing each to its caller, until the one `rx` waits
-    /// for is in; writes unsent commands on the way.
-    async fn read_until(&self, reader: &mut ReadBuf, rx: &mut oneshot::Receiver<Reply>) -> Reply {
+    fn read_buf(&self) -> MutexGuard<'_, ReadBuf> {
+        self.read_buf.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until the reply `rx` is for is in (`Some`), or until it is the
+    /// turn of caller `me` to read (`None`, the turn taken): when nobody
+    /// reads, or when the reader has read nothing for [`STALL`].
+    async fn wait_for_turn(&self, rx: &mut oneshot::Receiver<Reply>, me: u64) -> Option<Reply> {
+        // The reader and its read count when this waiter started watching.
+        let mut watched: Option<(u64, u64)> = None;
+        let mut stall = pin!(None::<Sleep>);
         loop {
-            if let Err(err) = self.dispatch(reader) {
-                return Err(self.fail(err));
+            match rx.try_recv() {
+                Ok(reply) => return Some(reply),
+                Err(oneshot::error::TryRecvError::Closed) => return Some(Err(self.error())),
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let mut freed = pin!(self.turn_free.notified());
+            freed.as_mut().enable();
+            {
+                let mut state = self.state();
+                let reader = state
+                    .turn
+                    .map(|reader| (reader, self.reads.load(Ordering::Acquire)));
+                match reader {
+                    // Nobody reads, or the reader made no progress since
+                    // this waiter started watching it a stall ago.
+                    None => {
+                        state.turn = Some(me);
+                        return None;
+                    }
+                    Some(seen) if watched == Some(seen) && stall_over(stall.as_mut()) => {
+                        state.turn = Some(me);
+                        return None;
+                    }
+                    Some(seen) if watched != Some(seen) => {
+                        watched = Some(seen);
+                        stall.set(Some(tokio::time::sleep_until(Instant::now() + STALL)));
+                    }
+                    Some(_) => {}
+                }
+            }
+            let woke = std::future::poll_fn(|cx| {
+                if let Poll::Ready(reply) = Pin::new(&mut *rx).poll(cx) {
+                    return Poll::Ready(Some(reply.unwrap_or_else(|_| Err(self.error()))));
+                }
+                let stalled = stall
+                    .as_mut()
+                    .as_pin_mut()
+                    .is_some_and(|sleep| sleep.poll(cx).is_ready());
+                if stalled || freed.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await;
+            if woke.is_some() {
+                return woke;
+            }
+        }
+    }
+
+    /// Gives up the read turn, if `me` still has it, and wakes a waiter.
+    fn pass_turn(&self, me: u64) {
+        let mut state = self.state();
+        if state.turn == Some(me) {
+            state.turn = None;
+            drop(state);
+            self.turn_free.notify_one();
+        }
+    }
+
+    /// Reads replies for everyone, handing each to its caller, until the
+    /// one `rx` waits for is in (`Some`), or until another caller took the
+    /// read turn from `me` (`None`); writes unsent commands on the way.
+    async fn read_until(&self, rx: &mut oneshot::Receiver<Reply>, me: u64) -> Option<Reply> {
+        loop {
+            if let Err(err) = self.dispatch(&mut self.read_buf()) {
+                return Some(Err(self.fail(err)));
             }
             match rx.try_recv() {
-                Ok(reply) => return reply,
-                Err(oneshot::error::TryRecvError::Closed) => return Err(self.error()),
+                Ok(reply) => return Some(reply),
+                Err(oneshot::error::TryRecvError::Closed) => return Some(Err(self.error())),
                 Err(oneshot::error::TryRecvError::Empty) => {}
             }
             let writing = {
                 let state = self.state();
                 if let Some(err) = state.error() {
-                    return Err(err);
+                    return Some(Err(err));
                 }
-                self.write_out(state)?
+                if state.turn != Some(me) {
+                    return None;
+                }
+                match self.write_out(state) {
+                    Ok(writing) => writing,
+                    Err(err) => return Some(Err(err)),
+                }
             };
             let interest = if writing {
                 Interest::READABLE | Interest::WRITABLE
             } else {
                 Interest::READABLE
             };
-            let ready = match self.stream.ready(interest).await {
-                Ok(ready) => ready,
-                Err(err) => return Err(self.fail(err)),
+            // A reader that took the turn over may read this caller's reply
+            // meanwhile: it is heard here too.
+            let mut ready = pin!(self.stream.ready(interest));
+            let woke = std::future::poll_fn(|cx| {
+                if let Poll::Ready(reply) = Pin::new(&mut *rx).poll(cx) {
+                    return Poll::Ready(Err(reply.unwrap_or_else(|_| Err(self.error()))));
+                }
+                ready.as_mut().poll(cx).map(Ok)
+            })
+            .await;
+            let ready = match woke {
+                Ok(Ok(ready)) => ready,
+                Ok(Err(err)) => return Some(Err(self.fail(err))),
+                Err(reply) => return Some(reply),
             };
             if ready.is_readable()
-                && let Err(err) = self.read(reader)
+                && self.state().turn == Some(me)
+                && let Err(err) = self.read(&mut self.read_buf())
             {
-                return Err(self.fail(err));
+                return Some(Err(self.fail(err)));
             }
         }
     }
@@ -548,6 +671,9 @@ impl Inner {
             Ok(())
         });
         reader.end += got;
+        if got > 0 {
+            self.reads.fetch_add(1, Ordering::Release);
+        }
         match outcome {
             Ok(()) if got == 0 => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -603,6 +729,26 @@ impl Inner {
 /// Whether `value` is a `NOSCRIPT` error reply.
 fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+/// The read turn of one caller; given up when the caller's reply is in or
+/// its future is dropped.
+struct Turn<'a> {
+    inner: &'a Inner,
+    me: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.inner.pass_turn(self.me);
+    }
+}
+
+/// Whether the stall timer has run out, without registering for a wake-up.
+fn stall_over(stall: Pin<&mut Option<Sleep>>) -> bool {
+    stall
+        .as_pin_mut()
+        .is_some_and(|sleep| sleep.is_elapsed() || Instant::now() >= sleep.deadline())
 }
 
 /// Where a reply goes.
@@ -879,6 +1025,69 @@ mod tests {
             for task in tasks {
                 task.await.unwrap();
             }
+        }
+
+        /// Polls `future` once: whether it is still pending.
+        async fn poll_once<F: Future>(future: Pin<&mut F>) -> bool {
+            let mut future = future;
+            std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_pending())).await
+        }
+
+        /// A caller's future that took the read turn and is then kept but
+        /// never polled again holds nobody up: the next callers take the
+        /// turn over within a stall, and the kept one still gets its own
+        /// reply when it is polled again.
+        #[tokio::test]
+        async fn a_kept_reader_does_not_hold_up_the_others() {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            // The script loads queued at connect are answered first.
+            assert_eq!(echo(&wire, "first").await.unwrap(), "first");
+            let mut kept = pin!(echo(&wire, "kept"));
+            assert!(poll_once(kept.as_mut()).await, "it waits for its reply");
+            assert!(wire.inner.state().turn.is_some(), "it holds the read turn");
+            for i in 0..20 {
+                let text = format!("other {i}");
+                let started = Instant::now();
+                assert_eq!(echo(&wire, &text).await.unwrap(), text);
+                assert!(
+                    started.elapsed() < STALL * 10,
+                    "answered after {:?}",
+                    started.elapsed()
+                );
+            }
+            assert_eq!(kept.await.unwrap(), "kept");
+        }
+
+        /// A task whose worker thread blocks right after its call took the
+        /// read turn holds up no task of the other worker.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_reader_on_a_blocked_thread_does_not_hold_up_the_others() {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            let (took, turn_taken) = oneshot::channel();
+            let blocker = tokio::spawn({
+                let wire = wire.clone();
+                async move {
+                    assert_eq!(echo(&wire, "first").await.unwrap(), "first");
+                    let mut call = pin!(echo(&wire, "blocked"));
+                    assert!(poll_once(call.as_mut()).await);
+                    assert!(wire.inner.state().turn.is_some());
+                    let _ = took.send(());
+                    std::thread::sleep(Duration::from_millis(1500));
+                    call.await
+                }
+            });
+            turn_taken.await.unwrap();
+            tokio::spawn(async {}).await.unwrap();
+            let started = Instant::now();
+            assert_eq!(echo(&wire, "free").await.unwrap(), "free");
+            assert!(
+                started.elapsed() < Duration::from_millis(500),
+                "answered after {:?}",
+                started.elapsed()
+            );
+            assert_eq!(blocker.await.unwrap().unwrap(), "blocked");
         }
 
         /// Callers that give up while the server is frozen (the reader

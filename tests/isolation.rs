@@ -1,0 +1,371 @@
+//! Isolation: nothing another task of the process does (a future kept but
+//! never polled again, a worker thread blocked by a synchronous call) can
+//! cost a held lock, jam a key, or slow other calls down; and a re-entered
+//! key reports its own fencing token and kind.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use lock_core::{ErrorKind, HandoffBudget, LockClient, LockError, LockOptions, distributed_lock};
+use lock_testkit::RedisServer;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+use support::{client_for, client_with, storage_key};
+use tokio::time::Instant;
+
+const PREFIX: &str = "iso:";
+/// The ttl of the lock that must survive: renewed every third of it.
+const SHORT: Duration = Duration::from_secs(1);
+/// How long a polled-once future is kept.
+const KEPT: Duration = Duration::from_secs(7);
+/// Runs of each scenario, side by side, each with a client of its own.
+const RUNS: usize = 20;
+
+/// Polls `future` once: `true` when it is still pending.
+async fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> bool {
+    let mut future = future;
+    std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_pending())).await
+}
+
+/// While `kept` is kept unpolled for [`KEPT`], a lock with a 1 s ttl stays
+/// held and other calls of the same client are answered within 100 ms.
+async fn nothing_waits_on(client: &LockClient, server: &RedisServer, run: usize, kept: KeptOp) {
+    let held_key = format!("held:{run}");
+    let held = client.lock(&held_key, SHORT).await.unwrap();
+    // A reply can come in within the first poll: then try again.
+    let mut tries = 0;
+    let op = loop {
+        let mut op = kept.start(client, run).await;
+        if poll_once(op.as_mut()).await {
+            break op;
+        }
+        tries += 1;
+        assert!(tries < 50, "run {run}: a {kept:?} never stayed in flight");
+    };
+    let started = Instant::now();
+    let mut probes = 0;
+    while started.elapsed() < KEPT {
+        let probe = format!("probe:{run}:{probes}");
+        let asked = Instant::now();
+        let guard = client.try_lock(&probe, SHORT).await.unwrap().unwrap();
+        assert!(guard.release().await.unwrap());
+        let took = asked.elapsed();
+        assert!(
+            took < Duration::from_millis(200),
+            "run {run}: a lock and release took {took:?} while a {kept:?} was kept"
+        );
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        !held.is_lost(),
+        "run {run}: lost {:?} while a {kept:?} was kept",
+        held.loss_reason()
+    );
+    assert!(
+        server.cmd::<bool>(&["EXISTS", &storage_key(PREFIX, &held_key)]),
+        "run {run}: the held key is gone from Redis"
+    );
+    drop(op);
+    assert!(held.release().await.unwrap(), "run {run}: still ours");
+}
+
+#[derive(Clone, Copy, Debug)]
+enum KeptOp {
+    Lock,
+    Release,
+}
+
+type Op<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+impl KeptOp {
+    async fn start<'a>(self, client: &'a LockClient, run: usize) -> Op<'a> {
+        let key = format!("kept:{run}");
+        match self {
+            KeptOp::Lock => Box::pin(async move {
+                let _ = client.lock(&key, SHORT).await;
+            }),
+            KeptOp::Release => {
+                let guard = client.lock(&key, SHORT).await.unwrap();
+                Box::pin(async move {
+                    let _ = guard.release().await;
+                })
+            }
+        }
+    }
+}
+
+async fn kept_side_by_side(kept: KeptOp) {
+    let server = RedisServer::start();
+    let mut clients = Vec::new();
+    for _ in 0..RUNS {
+        clients.push(client_for(&server, PREFIX).await);
+    }
+    let runs = clients
+        .iter()
+        .enumerate()
+        .map(|(run, client)| nothing_waits_on(client, &server, run, kept));
+    futures::future::join_all(runs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_call_polled_once_and_kept_costs_no_other_lock() {
+    kept_side_by_side(KeptOp::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_polled_once_and_kept_costs_no_other_lock() {
+    kept_side_by_side(KeptOp::Release).await;
+}
+
+/// A task blocks its worker thread for 2.5 s right after its call took
+/// the connection's read turn; a lock with a 1 s ttl held by another task
+/// of the same client survives. Each run has a runtime of its own (two
+/// workers), so that each can block one of its workers.
+#[test]
+fn a_blocked_worker_costs_no_held_lock() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let runs: Vec<_> = (0..RUNS)
+        .map(|run| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(blocked_worker_run(url, run))
+            })
+        })
+        .collect();
+    for run in runs {
+        run.join().unwrap();
+    }
+    assert!(
+        server
+            .cmd::<Vec<String>>(&["KEYS", "iso:{held*"])
+            .is_empty()
+    );
+}
+
+async fn blocked_worker_run(url: String, run: usize) {
+    let client = LockClient::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .build()
+        .await
+        .unwrap();
+    let held = client.lock(&format!("held:{run}"), SHORT).await.unwrap();
+    let (took, turn_taken) = tokio::sync::oneshot::channel();
+    let blocker = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let key = format!("blocked:{run}");
+            let mut call = Box::pin(client.try_lock(&key, SHORT));
+            assert!(poll_once(call.as_mut()).await);
+            let _ = took.send(());
+            std::thread::sleep(Duration::from_millis(2500));
+            drop(call.await);
+        }
+    });
+    turn_taken.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    blocker.await.unwrap();
+    assert!(
+        !held.is_lost(),
+        "run {run}: lost {:?} while a worker was blocked",
+        held.loss_reason()
+    );
+    assert!(held.release().await.unwrap(), "run {run}: still ours");
+}
+
+/// (a) A `lock()` future polled once, first in this process's queue for the
+/// key, then kept: its `SET` expires in Redis, and a later caller of this
+/// process takes the key within its wait.
+#[tokio::test]
+async fn a_kept_front_of_the_queue_does_not_jam_its_key() {
+    let server = RedisServer::start();
+    let client = client_for(&server, PREFIX).await;
+    let mut kept = Box::pin(client.lock("jam-a", Duration::from_millis(500)));
+    assert!(poll_once(kept.as_mut()).await, "the kept call is in flight");
+    let later = client
+        .lock_with(
+            "jam-a",
+            LockOptions::new(SHORT).wait(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the key jammed behind the kept call: {e}"));
+    assert!(later.release().await.unwrap());
+    drop(kept);
+}
+
+/// (b) A `lock()` queued behind a holder of this process, polled once and
+/// kept: the holder's release hands the lease to it, and when it does not
+/// take it, the lease goes on to the next caller within its wait.
+#[tokio::test]
+async fn a_lease_handed_to_a_kept_waiter_goes_to_the_next() {
+    for budget in [HandoffBudget::default(), HandoffBudget::NONE] {
+        let server = RedisServer::start();
+        let builder = LockClient::builder()
+            .key_prefix(PREFIX)
+            .handoff_budget(budget);
+        let client = client_with(&server, builder).await;
+        let holder = client.lock("jam-b", Duration::from_secs(30)).await.unwrap();
+        let mut kept = Box::pin(client.lock_with(
+            "jam-b",
+            LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(30)),
+        ));
+        assert!(poll_once(kept.as_mut()).await, "the kept call waits");
+        assert!(holder.release().await.unwrap());
+        let started = Instant::now();
+        let later = client
+            .lock_with(
+                "jam-b",
+                LockOptions::new(SHORT).wait(Duration::from_secs(3)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{budget:?}: the key jammed with the kept waiter: {e}"));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{budget:?}: waited {:?}",
+            started.elapsed()
+        );
+        assert!(later.release().await.unwrap());
+        drop(kept);
+    }
+}
+
+/// A lease handed to a waiter that does not take it, with no other waiter
+/// in the process, goes back to Redis: another process takes the key long
+/// before the lease's ttl.
+#[tokio::test]
+async fn a_lease_handed_to_a_kept_waiter_goes_back_to_redis() {
+    let server = RedisServer::start();
+    let client = client_for(&server, PREFIX).await;
+    let other = client_for(&server, PREFIX).await;
+    let holder = client.lock("jam-c", Duration::from_secs(30)).await.unwrap();
+    let mut kept = Box::pin(client.lock_with(
+        "jam-c",
+        LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(30)),
+    ));
+    assert!(poll_once(kept.as_mut()).await, "the kept call waits");
+    assert!(holder.release().await.unwrap());
+    let taken = other
+        .lock_with(
+            "jam-c",
+            LockOptions::new(SHORT).wait(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the handed lease stayed with the kept waiter: {e}"));
+    assert!(taken.release().await.unwrap());
+    drop(kept);
+}
+
+#[distributed_lock(keys = ["a", "b"], fencing = true, client = client, ttl = "10s")]
+async fn both_then_b(client: &LockClient) -> Result<(u64, u64, u64), LockError> {
+    let outer = lock_core::current_lock().unwrap();
+    let b = outer.fencing_token_of("b").unwrap();
+    let nested = client
+        .lock_with("b", LockOptions::new(Duration::from_secs(10)).fencing(true))
+        .await?;
+    let inner = only_b(client).await?;
+    Ok((b, nested.fencing_token().unwrap(), inner))
+}
+
+#[distributed_lock(key = "b", fencing = true, client = client, ttl = "10s")]
+async fn only_b(client: &LockClient) -> Result<u64, LockError> {
+    Ok(lock_core::current_lock().unwrap().fencing_token().unwrap())
+}
+
+/// A key of a lock on several keys, re-entered alone, reports its own
+/// fencing token, not the first key's: here `b`'s counter is ahead of
+/// `a`'s (a clock stepped back since), so `a`'s token would be stale.
+#[tokio::test]
+async fn a_reentered_key_of_several_reports_its_own_fencing_token() {
+    let server = RedisServer::start();
+    let client = client_for(&server, PREFIX).await;
+    let (_, now_us): (String, String) = {
+        let time: Vec<String> = server.cmd(&["TIME"]);
+        (time[0].clone(), time[0].clone() + "000000")
+    };
+    let ahead = (now_us.parse::<u64>().unwrap() + 3_600_000_000).to_string();
+    let fence = format!("{}:fence", storage_key(PREFIX, "b"));
+    let _: () = server.cmd(&["SET", &fence, &ahead, "EX", "600"]);
+    let (b, nested, inner) = both_then_b(&client).await.unwrap();
+    assert!(
+        b > ahead.parse().unwrap(),
+        "b's own token is past its counter"
+    );
+    assert_eq!(nested, b, "lock_with(\"b\") inside the body");
+    assert_eq!(inner, b, "an annotated body of key \"b\" inside it");
+}
+
+#[distributed_lock(key = "kind", permits = 2, client = client, ttl = "10s")]
+async fn under_permits(client: &LockClient, nested: LockOptions) -> Result<(), LockError> {
+    client.lock_with("kind", nested).await.map(drop)
+}
+
+#[distributed_lock(key = "kind", mode = "shared", client = client, ttl = "10s")]
+async fn under_shared(client: &LockClient, nested: LockOptions) -> Result<(), LockError> {
+    client.lock_with("kind", nested).await.map(drop)
+}
+
+/// Re-entering a key held with permits as shared, or held shared with
+/// permits, is refused with `Config`, as it is across holders; an
+/// exclusive request inside a shared hold stays `WouldDeadlock`; the same
+/// kind re-enters.
+#[tokio::test]
+async fn reentry_of_another_kind_is_refused() {
+    let client = LockClient::in_memory();
+    let ttl = Duration::from_secs(10);
+    let kind = |r: Result<(), LockError>| r.err().map(|e| e.kind());
+    let shared = LockOptions::new(ttl).shared(true);
+    assert_eq!(
+        kind(under_permits(&client, shared.clone()).await),
+        Some(ErrorKind::Config)
+    );
+    assert_eq!(
+        kind(under_permits(&client, LockOptions::new(ttl).permits(3)).await),
+        Some(ErrorKind::Config)
+    );
+    assert_eq!(
+        kind(under_shared(&client, LockOptions::new(ttl).permits(3)).await),
+        Some(ErrorKind::Config)
+    );
+    assert_eq!(
+        kind(under_shared(&client, LockOptions::new(ttl)).await),
+        Some(ErrorKind::WouldDeadlock)
+    );
+    assert_eq!(kind(under_shared(&client, shared).await), None);
+    assert_eq!(
+        kind(under_permits(&client, LockOptions::new(ttl).permits(2)).await),
+        None
+    );
+}
+
+/// A key starting with `}` would leave the Cluster hash tag empty: it is
+/// refused with `InvalidKey` on every backend, saying why.
+#[tokio::test]
+async fn a_key_starting_with_a_closing_brace_is_refused() {
+    let server = RedisServer::start();
+    let on_redis = client_for(&server, PREFIX).await;
+    for client in [LockClient::in_memory(), on_redis] {
+        for options in [
+            LockOptions::new(SHORT),
+            LockOptions::new(SHORT).fencing(true),
+            LockOptions::new(SHORT).shared(true),
+        ] {
+            let err = client.lock_with("}order:42", options).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidKey);
+            assert!(err.to_string().contains("must not start with '}'"), "{err}");
+        }
+        assert_eq!(
+            client.storage_key("}x").unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert!(client.storage_key("a}x").is_ok(), "a brace later is fine");
+    }
+}
