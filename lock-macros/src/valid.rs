@@ -675,16 +675,25 @@ fn check_key(lit: &LitStr, sig: &Signature, errors: &mut Errors) -> Option<Key> 
                 continue;
             }
         };
+        // A field that does not exist is rustc's error (E0609, "no field
+        // `m` on type `Svc`"), shown on the key literal. Its fix-it
+        // ("a field with a similar name exists") would replace the span of
+        // the field's name, here the whole literal, with a bare field name,
+        // which no longer compiles. Mixed-site hygiene keeps rustc from
+        // offering fields to a name the macro wrote (fields resolve by
+        // name alone, privacy as at the call site), and `located_at` keeps
+        // the error on the literal.
+        let field_span = Span::mixed_site().located_at(span);
         let fields = placeholder
             .fields
             .into_iter()
             .map(|member| match member {
                 Member::Named(mut ident) => {
-                    ident.set_span(span);
+                    ident.set_span(field_span);
                     Member::Named(ident)
                 }
                 Member::Unnamed(mut index) => {
-                    index.span = span;
+                    index.span = field_span;
                     Member::Unnamed(index)
                 }
             })
