@@ -643,14 +643,14 @@ mod shim {
             client: Result<&lock_core::LockClient, lock_core::LockError>,
             key: String,
             attr: Attr,
+            into_error: fn(lock_core::LockError) -> E,
             body: F,
         ) -> Result<T, E>
         where
-            E: FromLockError,
             F: Future<Output = Result<T, E>>,
         {
             RUNS.fetch_add(1, Ordering::SeqCst);
-            lock_core::__private::run(client, key, attr, body).await
+            lock_core::__private::run(client, key, attr, into_error, body).await
         }
     }
 }
