@@ -276,7 +276,7 @@ impl LockClient {
                 ));
         }
         if lease.is_lost() {
-            return Err(LockError::lost(key));
+            return Err(LockError::lost(key, lease.loss_reason()));
         }
         observe::reentered(key);
         Ok(LockGuard::reentry(self.inner.clone(), lease))

@@ -52,6 +52,55 @@ impl ErrorKind {
     }
 }
 
+/// Why a held lock was lost ([`LockGuard::loss_reason`](crate::LockGuard::loss_reason),
+/// [`LockError::loss_reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal or an extension found the key gone or held by another
+    /// owner: the lease expired on the server (a pause, a cut-off) and may
+    /// have been taken since.
+    TakenOver,
+    /// The validity deadline passed without a successful renewal: Redis
+    /// did not answer in time, so the lease cannot be trusted any more.
+    Expired,
+    /// `max_hold` was reached.
+    MaxHold,
+    /// An operator broke the lock ([`LockClient::force_release`](crate::LockClient::force_release),
+    /// `lockctl release`); the holder found out at its next renewal.
+    ForceReleased,
+}
+
+impl LossReason {
+    /// The reason, in words, for logs.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => "a renewal found the lock taken over or expired",
+            LossReason::Expired => "the validity deadline passed without a successful renewal",
+            LossReason::MaxHold => "max_hold reached",
+            LossReason::ForceReleased => "an operator force-released the lock",
+        }
+    }
+
+    /// What a `Lost` error says happened, and what to look at.
+    fn explain(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => {
+                "a renewal found the key gone or held by another owner: the lease ran out on                  the server before the work finished (this process paused, or could not reach                  Redis, for longer than the ttl)"
+            }
+            LossReason::Expired => {
+                "no renewal succeeded before the lease's validity ran out (Redis did not                  answer in time), so the lock could no longer be trusted"
+            }
+            LossReason::MaxHold => {
+                "max_hold was reached: the work ran longer than the lock may be held"
+            }
+            LossReason::ForceReleased => {
+                "an operator force-released it (LockClient::force_release or lockctl release)                  before the work finished"
+            }
+        }
+    }
+}
+
 /// The error returned by every fallible operation of this crate.
 ///
 /// It carries the [`ErrorKind`], the lock key concerned (when there is one),
@@ -66,6 +115,7 @@ struct Inner {
     key: Option<String>,
     waited: Option<Duration>,
     message: Option<String>,
+    loss: Option<LossReason>,
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
 }
 
@@ -77,6 +127,7 @@ impl LockError {
                 key: None,
                 waited: None,
                 message: None,
+                loss: None,
                 source: None,
             }),
         }
@@ -106,11 +157,15 @@ impl LockError {
         LockError::new(ErrorKind::Config).with_message(message)
     }
 
-    /// A lock that was lost while it was held.
-    pub(crate) fn lost(key: &str) -> Self {
-        LockError::new(ErrorKind::Lost)
-            .with_key(key)
-            .with_message("the lease expired or was taken over before the work finished")
+    /// A lock that was lost while it was held, for `reason` when it is
+    /// known.
+    pub(crate) fn lost(key: &str, reason: Option<LossReason>) -> Self {
+        let mut error = LockError::new(ErrorKind::Lost).with_key(key);
+        error.inner.loss = reason;
+        error.with_message(reason.map_or(
+            "the lease expired or was taken over before the work finished",
+            LossReason::explain,
+        ))
     }
 
     /// What went wrong.
@@ -121,6 +176,29 @@ impl LockError {
     /// The lock key this error concerns, as the caller named it.
     pub fn key(&self) -> Option<&str> {
         self.inner.key.as_deref()
+    }
+
+    /// Why the lock was lost, for an [`ErrorKind::Lost`] error (`None` for
+    /// other kinds, and when the reason is not known).
+    ///
+    /// ```
+    /// use lock_core::{ErrorKind, LockClient, LossReason};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.lock("report", Duration::from_secs(1)).await?;
+    /// client.force_release("report").await?; // an operator breaks it
+    /// guard.lost().await; // noticed at the next renewal, a third of the ttl later
+    /// let err = guard.extend(Duration::from_secs(1)).await.unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::Lost);
+    /// assert_eq!(err.loss_reason(), Some(LossReason::ForceReleased));
+    /// assert!(err.to_string().contains("force-released"), "{err}");
+    /// # Ok(()) }
+    /// ```
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.inner.loss
     }
 
     /// How long the caller waited before this error, for acquisitions.
@@ -203,6 +281,9 @@ impl fmt::Debug for LockError {
         }
         if let Some(message) = &self.inner.message {
             d.field("message", message);
+        }
+        if let Some(loss) = &self.inner.loss {
+            d.field("loss_reason", loss);
         }
         if let Some(source) = &self.inner.source {
             d.field("source", source);

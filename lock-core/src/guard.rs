@@ -262,7 +262,7 @@ impl LockGuard {
             .with_key(self.key()));
         }
         if self.lease.is_lost() {
-            return Err(LockError::lost(self.key()));
+            return Err(LockError::lost(self.key(), self.lease.loss_reason()));
         }
         let lease = &self.lease;
         // Never closed, so acquiring fails only if that changes: then go
@@ -293,7 +293,7 @@ impl LockGuard {
             }
             Ok(false) => {
                 lease.mark_lost(LossReason::TakenOver);
-                Err(LockError::lost(self.key()))
+                Err(LockError::lost(self.key(), lease.loss_reason()))
             }
             Err(e) => Err(e.with_key(self.key())),
         }

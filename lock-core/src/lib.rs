@@ -116,14 +116,14 @@ pub use backend::MemoryStore;
 pub use backoff::Backoff;
 pub use builder::LockClientBuilder;
 pub use current::{LockInfo, current_lock};
-pub use error::{ErrorKind, LockError, NodeError, QuorumFailure, TimedOut};
+pub use error::{ErrorKind, LockError, LossReason, NodeError, QuorumFailure, TimedOut};
 pub use global::{
     DefaultClientGuard, SetGlobalClientError, default_client, global_client, set_default_client,
     set_global_client, with_default_client,
 };
 pub use guard::LockGuard;
 pub use inspect::{LockCursor, LockKind, LockPage, LockState};
-pub use lease::{LossReason, MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
+pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use options::LockOptions;
 pub use queue::HandoffBudget;
 pub use state::LockClient;

@@ -323,7 +323,9 @@ where
         }
         OnLost::Continue => Some(body.await),
     };
-    let lost = outcome.is_none().then(|| LockError::lost(guard.key()));
+    let lost = outcome
+        .is_none()
+        .then(|| LockError::lost(guard.key(), guard.loss_reason()));
     // Whatever the release says, the body's outcome stands: a failed release
     // leaves the lease to expire by itself. Its reply is not waited for.
     let _ = guard.send_release().await;
