@@ -296,6 +296,49 @@ async fn wrong_password_is_a_clear_error() {
     assert!(ok.is_ok(), "{:?}", ok.err());
 }
 
+#[tokio::test]
+async fn a_url_without_a_scheme_says_to_write_redis_scheme() {
+    let err = LockClient::builder()
+        .url("127.0.0.1:7600")
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "invalid lock client configuration: Redis URL \"127.0.0.1:7600\" has no scheme: \
+         write it as redis://127.0.0.1:7600 (rediss:// for TLS)"
+    );
+    let err = LockClient::builder()
+        .url("app:s3cret@10.0.0.5:6379")
+        .build()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("write it as redis://user:password@10.0.0.5:6379"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret"), "password leaked: {text}");
+    let err = LockClient::builder()
+        .cluster(["127.0.0.1:7000"])
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("redis://127.0.0.1:7000"), "{err}");
+    // A URL with a scheme that still does not parse says what the form is.
+    let err = LockClient::builder()
+        .url("redis://127.0.0.1:port")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("write it as redis://[user:password@]host:port[/db]"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_client_outlives_the_runtime_that_built_it() {
     let server = RedisServer::start();

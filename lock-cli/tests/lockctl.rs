@@ -169,6 +169,7 @@ fn bad_url_unreachable_server_and_wrong_password_are_one_line_errors() {
         assert!(!err.contains("panicked"), "{err}");
     };
     check(&run("http://nowhere"), "url");
+    check(&run("127.0.0.1:7600"), "write it as redis://127.0.0.1:7600");
     // A port nobody listens on: a server started and stopped.
     let mut gone = RedisServer::start();
     let url = gone.url();

@@ -472,6 +472,7 @@ impl LockClientBuilder {
     /// `rediss://` URL without the `tls` feature and for a failed TLS
     /// handshake (a server certificate no trusted CA issued).
     pub async fn build(self) -> Result<LockClient, LockError> {
+        self.check_schemes()?;
         if self.cluster.is_some() {
             return self.build_cluster().await;
         }
@@ -501,6 +502,17 @@ impl LockClientBuilder {
         })?;
         client.inner.learn_server_clock(ping_limit).await;
         Ok(client)
+    }
+
+    /// Every server URL starts with its scheme.
+    fn check_schemes(&self) -> Result<(), LockError> {
+        let sentinels = self.sentinel.iter().flat_map(|s| &s.urls);
+        let cluster = self.cluster.iter().flatten();
+        self.urls
+            .iter()
+            .chain(sentinels)
+            .chain(cluster)
+            .try_for_each(|url| check_scheme(url))
     }
 
     /// Exactly one place for the locks: URLs (one, or three and more),
@@ -651,6 +663,25 @@ impl LockClientBuilder {
         client.inner.learn_server_clock(ping_limit).await;
         Ok(client)
     }
+}
+
+/// A URL without its scheme, like `127.0.0.1:6379`, which the redis crate
+/// answers with no more than "Redis URL did not parse": say what to write.
+fn check_scheme(url: &str) -> Result<(), LockError> {
+    if url.contains("://") {
+        return Ok(());
+    }
+    // Without a scheme, `redact` would not find the credentials.
+    let (shown, fix) = match url.rsplit_once('@') {
+        Some((_, host)) => (
+            format!("***@{host}"),
+            format!("redis://user:password@{host}"),
+        ),
+        None => (url.to_owned(), format!("redis://{url}")),
+    };
+    Err(LockError::config(format!(
+        "Redis URL {shown:?} has no scheme: write it as {fix} (rediss:// for TLS)"
+    )))
 }
 
 /// The Sentinels and the service name given to
