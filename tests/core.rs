@@ -290,7 +290,13 @@ async fn wrong_password_is_a_clear_error() {
     let server = RedisServer::builder().password("right").start();
     let url = server.url().replace(":right@", ":wrong@");
     let err = LockClient::builder().url(url).build().await.unwrap_err();
-    assert_ne!(err.kind(), ErrorKind::Contended, "{err}");
+    // A refused login is the server's answer: `Server`, as documented.
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(
+        err.to_string()
+            .contains("the server refused the credentials: check the user name and password"),
+        "{err}"
+    );
     assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
     let ok = LockClient::builder().url(server.url()).build().await;
     assert!(ok.is_ok(), "{:?}", ok.err());
@@ -335,6 +341,41 @@ async fn a_url_without_a_scheme_says_to_write_redis_scheme() {
     assert!(
         err.to_string()
             .contains("write it as redis://[user:password@]host:port[/db]"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_ttl_out_of_range_in_a_call_is_the_locks_options_not_the_clients() {
+    let server = RedisServer::start();
+    let client = client_with(&server, settings()).await;
+    let err = client
+        .lock("order:1", Duration::from_millis(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "invalid lock options (key \"order:1\"): ttl 1ms is shorter than the minimum 10ms"
+    );
+    let err = client
+        .lock_with(
+            "order:1",
+            LockOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(90_000)),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("invalid lock options"), "{err}");
+    // The same ttl as the client's default is the client's configuration.
+    let err = settings()
+        .url(server.url())
+        .default_ttl(Duration::from_millis(1))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("invalid lock client configuration: default_ttl 1ms"),
         "{err}"
     );
 }

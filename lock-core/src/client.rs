@@ -172,7 +172,7 @@ impl LockClient {
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
         if options.mode != Mode::Exclusive {
-            return Err(LockError::config(
+            return Err(LockError::options(
                 "lock_all takes exclusive locks only: shared locks and permits are one key each",
             ));
         }
@@ -259,7 +259,7 @@ impl LockClient {
             .check(self.inner.default_wait)
             .map_err(|e| e.with_key(key))?;
         if options.fences() && lease.fence.is_none() {
-            return Err(LockError::config(
+            return Err(LockError::options(
                 "fencing asked for on a lock this task already holds without a fencing token; \
                  take the outermost lock with fencing",
             )

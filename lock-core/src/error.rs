@@ -23,12 +23,17 @@ pub enum ErrorKind {
     AlreadyInitialized,
     /// Redis could not be reached or did not answer in time.
     Unavailable,
-    /// Redis answered with an error (a permission denied by an ACL, a key of
-    /// the wrong type, a script error).
+    /// Redis answered with an error: a permission denied by an ACL, a key of
+    /// the wrong type, a script error, and also a refused login (a wrong
+    /// user name or password, a disabled ACL user, a server that requires a
+    /// password none was given for), whose message says which.
     Server,
     /// The lock key was empty or too long.
     InvalidKey,
-    /// The client's configuration was invalid (bad URL, zero ttl, ...).
+    /// The configuration was invalid: the client's (a bad URL, a zero
+    /// default ttl, ...: "invalid lock client configuration"), or the lock
+    /// options of one call (a ttl or wait out of range, a kind of lock the
+    /// key is not held as, ...: "invalid lock options").
     Config,
     /// The task asked for a lock it can never get because of what it holds
     /// itself: an exclusive lock on a key it holds shared (or with a
@@ -112,6 +117,8 @@ pub struct LockError {
 
 struct Inner {
     kind: ErrorKind,
+    /// What the message is about, when not the kind's own description.
+    subject: Option<&'static str>,
     key: Option<String>,
     waited: Option<Duration>,
     message: Option<String>,
@@ -124,6 +131,7 @@ impl LockError {
         LockError {
             inner: Box::new(Inner {
                 kind,
+                subject: None,
                 key: None,
                 waited: None,
                 message: None,
@@ -153,8 +161,20 @@ impl LockError {
         self
     }
 
+    /// Invalid configuration of the client.
     pub(crate) fn config(message: impl Into<String>) -> Self {
         LockError::new(ErrorKind::Config).with_message(message)
+    }
+
+    /// Invalid lock options of one call.
+    pub(crate) fn options(message: impl Into<String>) -> Self {
+        LockError::config(message).in_options()
+    }
+
+    /// A [`config`](Self::config) error that a call's lock options caused.
+    pub(crate) fn in_options(mut self) -> Self {
+        self.inner.subject = Some("invalid lock options");
+        self
     }
 
     /// A lock that was lost while it was held, for `reason` when it is
@@ -249,7 +269,11 @@ impl LockError {
 
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.inner.kind.describe())?;
+        f.write_str(
+            self.inner
+                .subject
+                .unwrap_or_else(|| self.inner.kind.describe()),
+        )?;
         if let Some(key) = &self.inner.key {
             write!(f, " (key {key:?}")?;
             if let Some(waited) = self.inner.waited {

@@ -256,7 +256,7 @@ impl LockGuard {
             .with_key(self.key()));
         }
         if ttl < MIN_TTL || ttl > MAX_DURATION {
-            return Err(LockError::config(format!(
+            return Err(LockError::options(format!(
                 "ttl {ttl:?} is out of range ({MIN_TTL:?} to 24h)"
             ))
             .with_key(self.key()));
