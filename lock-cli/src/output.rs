@@ -4,15 +4,20 @@ use lock_core::{LockKind, LockState};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// `list`: one row per lock.
-pub(crate) fn list(locks: &[LockState], json: bool) {
+/// `list`: one row per lock. When there is none, says where it looked:
+/// a wrong `--prefix` finds nothing.
+pub(crate) fn list(locks: &[LockState], json: bool, prefix: &str, pattern: Option<&str>) {
     if json {
         let rows: Vec<Value> = locks.iter().map(state_json).collect();
         println!("{}", Value::Array(rows));
         return;
     }
     if locks.is_empty() {
-        println!("no locks held");
+        let matching = pattern.map_or_else(String::new, |p| format!(" matching {p:?}"));
+        println!(
+            "no locks held under the prefix {prefix:?}{matching} \
+             (--prefix is the services' key prefix, default \"lock:\")"
+        );
         return;
     }
     let header = [

@@ -110,6 +110,30 @@ async fn release_refuses_without_a_terminal_and_breaks_with_force() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_under_a_wrong_prefix_names_the_prefix_it_searched() {
+    let server = RedisServer::start();
+    let a = client(&server, "billing-7").await;
+    let _held = a.lock("order:1", TTL).await.unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--url", &server.url(), "--prefix", "billing:", "list"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "no locks held under the prefix \"billing:\" \
+         (--prefix is the services' key prefix, default \"lock:\")"
+    );
+    let out = lockctl(&server, &["list", "invoice:*"]);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "no locks held under the prefix \"app:\" matching \"invoice:*\" \
+         (--prefix is the services' key prefix, default \"lock:\")"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_prints_each_change_of_holder() {
     let server = RedisServer::start();
     let a = client(&server, "first").await;
