@@ -101,9 +101,14 @@ pub(crate) fn released(key: &str, evicted: Option<&LockState>, json: bool) {
     }
     match evicted {
         Some(state) => println!(
-            "released {key}: evicted {} (held for {}, fencing token {})",
+            "released {key}: evicted {} (held for {}, {}, fencing token {})",
             holder_text(state),
             duration_or(state.held_for(), "an unknown time"),
+            if state.expires() {
+                format!("{} left", human(state.remaining()))
+            } else {
+                "no expiry".to_owned()
+            },
             state
                 .fencing_token()
                 .map_or("none".to_owned(), |f| f.to_string()),

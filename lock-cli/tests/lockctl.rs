@@ -100,6 +100,7 @@ async fn release_refuses_without_a_terminal_and_breaks_with_force() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
     assert!(said.contains("evicted stuck-worker"), "{said}");
+    assert!(said.contains("s left"), "what the lease had left: {said}");
     tokio::time::timeout(TTL, held.lost()).await.unwrap();
     assert_eq!(held.loss_reason(), Some(LossReason::ForceReleased));
 
@@ -107,6 +108,16 @@ async fn release_refuses_without_a_terminal_and_breaks_with_force() {
     assert!(out.status.success());
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answer["released"], false);
+
+    // JSON shows what the evicted lease had left, not 0.
+    let _other = a.lock("other", TTL).await.unwrap();
+    let out = lockctl(&server, &["--json", "release", "other", "--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["released"], true);
+    let left = answer["evicted"]["remaining_ms"].as_u64().unwrap();
+    let ttl = u64::try_from(TTL.as_millis()).unwrap();
+    assert!(left > ttl / 2 && left <= ttl, "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
