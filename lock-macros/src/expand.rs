@@ -30,7 +30,7 @@ use syn::spanned::Spanned;
 ///
 /// Input:
 ///
-/// ```ignore
+/// ```text
 /// #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
 /// pub async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
 ///     let receipt = gateway.charge(order_id, amount).await?;
@@ -40,7 +40,7 @@ use syn::spanned::Spanned;
 ///
 /// Output:
 ///
-/// ```ignore
+/// ```text
 /// pub async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
 ///     let __lock_attr_key = ::std::format!("order:{}", order_id);
 ///     let __lock_attr_client = ::lock_core::__private::global();
@@ -70,7 +70,7 @@ use syn::spanned::Spanned;
 ///
 /// With `client = self.locks` the client line becomes
 ///
-/// ```ignore
+/// ```text
 /// let __lock_attr_client = ::lock_core::__private::client(&(self.locks)).cloned();
 /// let __lock_attr_client = match __lock_attr_client {
 ///     ::core::result::Result::Ok(ref client) => ::core::result::Result::Ok(client),
@@ -80,7 +80,7 @@ use syn::spanned::Spanned;
 ///
 /// With `keys = ["account:{from}", "account:{to}"]` the key line becomes
 ///
-/// ```ignore
+/// ```text
 /// let __lock_attr_keys = ::std::vec![
 ///     ::std::format!("account:{}", from),
 ///     ::std::format!("account:{}", to),
