@@ -83,7 +83,18 @@ impl LockClientBuilder {
     ///
     /// Called once: locks live on that server. Called for three or more
     /// independent primaries (or use [`urls`](Self::urls)): Redlock, where a
-    /// lock is held on a majority of them.
+    /// lock is held on a majority of them. A URL without its scheme
+    /// (`127.0.0.1:6379`) is a [`ErrorKind::Config`] error at
+    /// [`build`](Self::build), which says what to write.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .url("redis://app:secret@redis.internal:6379/0")
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
         self
@@ -471,6 +482,34 @@ impl LockClientBuilder {
     /// password, an ACL without `PING`); [`ErrorKind::Config`] also for a
     /// `rediss://` URL without the `tls` feature and for a failed TLS
     /// handshake (a server certificate no trusted CA issued).
+    ///
+    /// A server that does not answer (a host that drops the connection
+    /// attempt, a frozen server) holds `build` up for the
+    /// [`connect_timeout`](Self::connect_timeout) (or the
+    /// [`operation_timeout`](Self::operation_timeout), when longer): 5 s by
+    /// default. A refused connection fails at once.
+    ///
+    /// ```no_run
+    /// use lock_core::{ErrorKind, LockClient};
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let built = LockClient::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .key_prefix("billing:lock:")
+    ///     .connect_timeout(Duration::from_secs(2))
+    ///     .build()
+    ///     .await;
+    /// let client = match built {
+    ///     Ok(client) => client,
+    ///     Err(e) if e.kind() == ErrorKind::Unavailable => {
+    ///         return Err(format!("Redis is not up yet, try again: {e}").into());
+    ///     }
+    ///     Err(e) => return Err(e.into()), // a configuration or login to fix
+    /// };
+    /// lock_core::set_global_client(client)?;
+    /// # Ok(()) }
+    /// ```
     pub async fn build(self) -> Result<LockClient, LockError> {
         self.check_schemes()?;
         if self.cluster.is_some() {

@@ -111,6 +111,43 @@ impl LossReason {
 /// It carries the [`ErrorKind`], the lock key concerned (when there is one),
 /// how long the caller waited (for acquisitions), a message saying what to do,
 /// and the underlying Redis error as [`source`](std::error::Error::source).
+///
+/// Decide on [`kind`](Self::kind), never on the message:
+///
+/// ```
+/// use lock_core::{ErrorKind, LockClient, LockError, MemoryStore};
+/// use std::time::Duration;
+///
+/// async fn run_report(client: &LockClient) -> Result<&'static str, LockError> {
+///     match client.lock("report", Duration::from_secs(30)).await {
+///         Ok(guard) => {
+///             // ... build the report ...
+///             guard.release().await?;
+///             Ok("built")
+///         }
+///         // Another replica is on it: nothing to do.
+///         Err(e) if e.kind() == ErrorKind::Contended => Ok("skipped"),
+///         // Redis unreachable: worth another try later.
+///         Err(e) if e.kind() == ErrorKind::Unavailable => Ok("retry later"),
+///         Err(e) => Err(e),
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let store = MemoryStore::new();
+/// let other = LockClient::in_memory_on(&store);
+/// let held = other.lock("report", Duration::from_secs(30)).await?;
+/// let client = lock_core::LockClient::builder()
+///     .in_memory(&store)
+///     .default_wait(Duration::ZERO)
+///     .build()
+///     .await?;
+/// assert_eq!(run_report(&client).await?, "skipped");
+/// held.release().await?;
+/// assert_eq!(run_report(&client).await?, "built");
+/// # Ok(()) }
+/// ```
 pub struct LockError {
     inner: Box<Inner>,
 }

@@ -34,6 +34,25 @@ pub(crate) enum Renewal {
 /// [`fencing_token`](Self::fencing_token) with the protected resource when a
 /// late writer must be refused.
 ///
+/// ```
+/// use lock_core::LockClient;
+/// use std::time::Duration;
+///
+/// # async fn copy_the_files() {}
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let client = LockClient::in_memory();
+/// let guard = client.lock("backup", Duration::from_secs(30)).await?;
+/// tokio::select! {
+///     () = copy_the_files() => {}
+///     // Stop the work as soon as the lock is no longer ours.
+///     () = guard.lost() => eprintln!("lost {}: {:?}", guard.key(), guard.loss_reason()),
+/// }
+/// let was_still_ours = guard.release().await?;
+/// assert!(was_still_ours);
+/// # Ok(()) }
+/// ```
+///
 /// A guard taken inside a `#[distributed_lock]` body, through the same
 /// client, on a key that body (or one around it) holds is a **re-entry**:
 /// it was granted at once, without a Redis command, and stands for the lock
