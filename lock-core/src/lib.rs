@@ -129,6 +129,12 @@ pub use queue::HandoffBudget;
 pub use state::LockClient;
 pub use token::MAX_HOLDER_LEN;
 
+/// The README's Rust examples, compiled as doctests (those that need a live
+/// server are `no_run`), so the front door's code keeps compiling.
+#[cfg(all(doctest, feature = "macros"))]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 /// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
