@@ -12,7 +12,9 @@
 mod support;
 
 use futures::FutureExt;
-use lock_core::{LockClient, LockError, LockInfo, LockOptions, current_lock, distributed_lock};
+use lock_core::{
+    LockClient, LockError, LockInfo, LockOptions, LossReason, current_lock, distributed_lock,
+};
 use lock_testkit::RedisServer;
 use std::num::ParseIntError;
 use std::panic::AssertUnwindSafe;
@@ -438,11 +440,14 @@ async fn steal_from_fragile(
     (result, stolen_at.elapsed(), dropped.load(Ordering::SeqCst))
 }
 
-fn assert_lost(result: &Result<u32, AppError>, key: &str) {
+/// The function returned the `Lost` error of `key`, saying why.
+fn assert_lost(result: &Result<u32, AppError>, key: &str, reason: LossReason, says: &str) {
     match result {
         Err(AppError::Lock(e)) => {
             assert!(e.is_lost(), "{e}");
             assert_eq!(e.key(), Some(key));
+            assert_eq!(e.loss_reason(), Some(reason), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
         }
         other => panic!("expected the Lost error, got {other:?}"),
     }
@@ -454,7 +459,12 @@ async fn abort_on_lost_stops_the_body_when_the_key_is_deleted() {
     let key = storage_key(PREFIX, "fragile:deleted");
 
     let (result, after, dropped) = steal_from_fragile(&server, "deleted", &["DEL", &key]).await;
-    assert_lost(&result, "fragile:deleted");
+    assert_lost(
+        &result,
+        "fragile:deleted",
+        LossReason::TakenOver,
+        "found the key gone or held by another owner",
+    );
     assert!(dropped, "the body was dropped, not left running");
     assert!(after < PROMPTLY, "stopped {after:?} after the loss");
 }
@@ -466,12 +476,41 @@ async fn abort_on_lost_stops_the_body_when_the_key_is_overwritten() {
 
     let steal = ["SET", &key, "another-owner", "PX", "60000"];
     let (result, after, dropped) = steal_from_fragile(&server, "overwritten", &steal).await;
-    assert_lost(&result, "fragile:overwritten");
+    assert_lost(
+        &result,
+        "fragile:overwritten",
+        LossReason::TakenOver,
+        "found the key gone or held by another owner",
+    );
     assert!(dropped);
     assert!(after < PROMPTLY, "stopped {after:?} after the loss");
     // The release that followed left the new owner's lock alone.
     let owner: Option<String> = server.cmd(&["GET", &key]);
     assert_eq!(owner.as_deref(), Some("another-owner"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_an_operator_breaks_returns_lost_saying_so() {
+    let server = RedisServer::start();
+    let client = client_for(&server, PREFIX).await;
+    let operator = client_for(&server, PREFIX).await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (started, body_started) = oneshot::channel();
+    let task = tokio::spawn(fragile(client, "forced", started, dropped.clone()));
+    body_started.await.unwrap();
+
+    assert!(operator.force_release("fragile:forced").await.unwrap());
+    let result = timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the body is stopped once the loss is noticed")
+        .unwrap();
+    assert_lost(
+        &result,
+        "fragile:forced",
+        LossReason::ForceReleased,
+        "an operator force-released it",
+    );
+    assert!(dropped.load(Ordering::SeqCst));
 }
 
 #[distributed_lock(key = "sturdy:{id}", client = client, ttl = "300ms", on_lost = "continue")]
@@ -643,14 +682,14 @@ mod shim {
             client: Result<&lock_core::LockClient, lock_core::LockError>,
             key: String,
             attr: Attr,
+            into_error: fn(lock_core::LockError) -> E,
             body: F,
         ) -> Result<T, E>
         where
-            E: FromLockError,
             F: Future<Output = Result<T, E>>,
         {
             RUNS.fetch_add(1, Ordering::SeqCst);
-            lock_core::__private::run(client, key, attr, body).await
+            lock_core::__private::run(client, key, attr, into_error, body).await
         }
     }
 }

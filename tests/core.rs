@@ -290,10 +290,94 @@ async fn wrong_password_is_a_clear_error() {
     let server = RedisServer::builder().password("right").start();
     let url = server.url().replace(":right@", ":wrong@");
     let err = LockClient::builder().url(url).build().await.unwrap_err();
-    assert_ne!(err.kind(), ErrorKind::Contended, "{err}");
+    // A refused login is the server's answer: `Server`, as documented.
+    assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+    assert!(
+        err.to_string()
+            .contains("the server refused the credentials: check the user name and password"),
+        "{err}"
+    );
     assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
     let ok = LockClient::builder().url(server.url()).build().await;
     assert!(ok.is_ok(), "{:?}", ok.err());
+}
+
+#[tokio::test]
+async fn a_url_without_a_scheme_says_to_write_redis_scheme() {
+    let err = LockClient::builder()
+        .url("127.0.0.1:7600")
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "invalid lock client configuration: Redis URL \"127.0.0.1:7600\" has no scheme: \
+         write it as redis://127.0.0.1:7600 (rediss:// for TLS)"
+    );
+    let err = LockClient::builder()
+        .url("app:s3cret@10.0.0.5:6379")
+        .build()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("write it as redis://user:password@10.0.0.5:6379"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret"), "password leaked: {text}");
+    let err = LockClient::builder()
+        .cluster(["127.0.0.1:7000"])
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("redis://127.0.0.1:7000"), "{err}");
+    // A URL with a scheme that still does not parse says what the form is.
+    let err = LockClient::builder()
+        .url("redis://127.0.0.1:port")
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("write it as redis://[user:password@]host:port[/db]"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_ttl_out_of_range_in_a_call_is_the_locks_options_not_the_clients() {
+    let server = RedisServer::start();
+    let client = client_with(&server, settings()).await;
+    let err = client
+        .lock("order:1", Duration::from_millis(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "invalid lock options (key \"order:1\"): ttl 1ms is shorter than the minimum 10ms"
+    );
+    let err = client
+        .lock_with(
+            "order:1",
+            LockOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(90_000)),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("invalid lock options"), "{err}");
+    // The same ttl as the client's default is the client's configuration.
+    let err = settings()
+        .url(server.url())
+        .default_ttl(Duration::from_millis(1))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("invalid lock client configuration: default_ttl 1ms"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -114,6 +114,13 @@ async fn force_release_wakes_waiters_and_tells_the_holder(backend: &Backend) {
         .expect("something was held");
     assert_eq!(evicted.holder(), Some("worker-a"));
     assert_eq!(evicted.holders(), 1);
+    // What the broken lease had left (renewed a third of the ttl ago at
+    // most), for the operator's record: not zero.
+    assert!(
+        evicted.remaining() > TTL / 2 && evicted.remaining() <= TTL,
+        "{:?}",
+        evicted.remaining()
+    );
     let (guard, waited) = waiter.await.unwrap();
     assert!(waited < Duration::from_secs(2), "{waited:?}");
     // The evicted holder finds out within a third of its ttl and a bit.

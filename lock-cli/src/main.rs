@@ -104,7 +104,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match &cli.command {
         Command::List { pattern } => {
             let locks = client.list_all(pattern.as_deref()).await?;
-            output::list(&locks, cli.json);
+            output::list(&locks, cli.json, &cli.prefix, pattern.as_deref());
             Ok(ExitCode::SUCCESS)
         }
         Command::Show { key } => match client.inspect(key).await? {

@@ -4,15 +4,20 @@ use lock_core::{LockKind, LockState};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// `list`: one row per lock.
-pub(crate) fn list(locks: &[LockState], json: bool) {
+/// `list`: one row per lock. When there is none, says where it looked:
+/// a wrong `--prefix` finds nothing.
+pub(crate) fn list(locks: &[LockState], json: bool, prefix: &str, pattern: Option<&str>) {
     if json {
         let rows: Vec<Value> = locks.iter().map(state_json).collect();
         println!("{}", Value::Array(rows));
         return;
     }
     if locks.is_empty() {
-        println!("no locks held");
+        let matching = pattern.map_or_else(String::new, |p| format!(" matching {p:?}"));
+        println!(
+            "no locks held under the prefix {prefix:?}{matching} \
+             (--prefix is the services' key prefix, default \"lock:\")"
+        );
         return;
     }
     let header = [
@@ -96,9 +101,14 @@ pub(crate) fn released(key: &str, evicted: Option<&LockState>, json: bool) {
     }
     match evicted {
         Some(state) => println!(
-            "released {key}: evicted {} (held for {}, fencing token {})",
+            "released {key}: evicted {} (held for {}, {}, fencing token {})",
             holder_text(state),
             duration_or(state.held_for(), "an unknown time"),
+            if state.expires() {
+                format!("{} left", human(state.remaining()))
+            } else {
+                "no expiry".to_owned()
+            },
             state
                 .fencing_token()
                 .map_or("none".to_owned(), |f| f.to_string()),

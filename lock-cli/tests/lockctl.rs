@@ -100,6 +100,7 @@ async fn release_refuses_without_a_terminal_and_breaks_with_force() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
     assert!(said.contains("evicted stuck-worker"), "{said}");
+    assert!(said.contains("s left"), "what the lease had left: {said}");
     tokio::time::timeout(TTL, held.lost()).await.unwrap();
     assert_eq!(held.loss_reason(), Some(LossReason::ForceReleased));
 
@@ -107,6 +108,40 @@ async fn release_refuses_without_a_terminal_and_breaks_with_force() {
     assert!(out.status.success());
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answer["released"], false);
+
+    // JSON shows what the evicted lease had left, not 0.
+    let _other = a.lock("other", TTL).await.unwrap();
+    let out = lockctl(&server, &["--json", "release", "other", "--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["released"], true);
+    let left = answer["evicted"]["remaining_ms"].as_u64().unwrap();
+    let ttl = u64::try_from(TTL.as_millis()).unwrap();
+    assert!(left > ttl / 2 && left <= ttl, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_under_a_wrong_prefix_names_the_prefix_it_searched() {
+    let server = RedisServer::start();
+    let a = client(&server, "billing-7").await;
+    let _held = a.lock("order:1", TTL).await.unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--url", &server.url(), "--prefix", "billing:", "list"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "no locks held under the prefix \"billing:\" \
+         (--prefix is the services' key prefix, default \"lock:\")"
+    );
+    let out = lockctl(&server, &["list", "invoice:*"]);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "no locks held under the prefix \"app:\" matching \"invoice:*\" \
+         (--prefix is the services' key prefix, default \"lock:\")"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,6 +204,7 @@ fn bad_url_unreachable_server_and_wrong_password_are_one_line_errors() {
         assert!(!err.contains("panicked"), "{err}");
     };
     check(&run("http://nowhere"), "url");
+    check(&run("127.0.0.1:7600"), "write it as redis://127.0.0.1:7600");
     // A port nobody listens on: a server started and stopped.
     let mut gone = RedisServer::start();
     let url = gone.url();

@@ -83,7 +83,18 @@ impl LockClientBuilder {
     ///
     /// Called once: locks live on that server. Called for three or more
     /// independent primaries (or use [`urls`](Self::urls)): Redlock, where a
-    /// lock is held on a majority of them.
+    /// lock is held on a majority of them. A URL without its scheme
+    /// (`127.0.0.1:6379`) is a [`ErrorKind::Config`] error at
+    /// [`build`](Self::build), which says what to write.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .url("redis://app:secret@redis.internal:6379/0")
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
         self
@@ -471,7 +482,36 @@ impl LockClientBuilder {
     /// password, an ACL without `PING`); [`ErrorKind::Config`] also for a
     /// `rediss://` URL without the `tls` feature and for a failed TLS
     /// handshake (a server certificate no trusted CA issued).
+    ///
+    /// A server that does not answer (a host that drops the connection
+    /// attempt, a frozen server) holds `build` up for the
+    /// [`connect_timeout`](Self::connect_timeout) (or the
+    /// [`operation_timeout`](Self::operation_timeout), when longer): 5 s by
+    /// default. A refused connection fails at once.
+    ///
+    /// ```no_run
+    /// use lock_core::{ErrorKind, LockClient};
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let built = LockClient::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .key_prefix("billing:lock:")
+    ///     .connect_timeout(Duration::from_secs(2))
+    ///     .build()
+    ///     .await;
+    /// let client = match built {
+    ///     Ok(client) => client,
+    ///     Err(e) if e.kind() == ErrorKind::Unavailable => {
+    ///         return Err(format!("Redis is not up yet, try again: {e}").into());
+    ///     }
+    ///     Err(e) => return Err(e.into()), // a configuration or login to fix
+    /// };
+    /// lock_core::set_global_client(client)?;
+    /// # Ok(()) }
+    /// ```
     pub async fn build(self) -> Result<LockClient, LockError> {
+        self.check_schemes()?;
         if self.cluster.is_some() {
             return self.build_cluster().await;
         }
@@ -501,6 +541,17 @@ impl LockClientBuilder {
         })?;
         client.inner.learn_server_clock(ping_limit).await;
         Ok(client)
+    }
+
+    /// Every server URL starts with its scheme.
+    fn check_schemes(&self) -> Result<(), LockError> {
+        let sentinels = self.sentinel.iter().flat_map(|s| &s.urls);
+        let cluster = self.cluster.iter().flatten();
+        self.urls
+            .iter()
+            .chain(sentinels)
+            .chain(cluster)
+            .try_for_each(|url| check_scheme(url))
     }
 
     /// Exactly one place for the locks: URLs (one, or three and more),
@@ -651,6 +702,25 @@ impl LockClientBuilder {
         client.inner.learn_server_clock(ping_limit).await;
         Ok(client)
     }
+}
+
+/// A URL without its scheme, like `127.0.0.1:6379`, which the redis crate
+/// answers with no more than "Redis URL did not parse": say what to write.
+fn check_scheme(url: &str) -> Result<(), LockError> {
+    if url.contains("://") {
+        return Ok(());
+    }
+    // Without a scheme, `redact` would not find the credentials.
+    let (shown, fix) = match url.rsplit_once('@') {
+        Some((_, host)) => (
+            format!("***@{host}"),
+            format!("redis://user:password@{host}"),
+        ),
+        None => (url.to_owned(), format!("redis://{url}")),
+    };
+    Err(LockError::config(format!(
+        "Redis URL {shown:?} has no scheme: write it as {fix} (rediss:// for TLS)"
+    )))
 }
 
 /// The Sentinels and the service name given to

@@ -56,11 +56,40 @@ impl LockClient {
     /// Errors: [`ErrorKind::Contended`] when the wait ran out,
     /// [`ErrorKind::Unavailable`] when Redis did not answer,
     /// [`ErrorKind::InvalidKey`], [`ErrorKind::Config`] for a ttl out of range.
+    ///
+    /// ```
+    /// use lock_core::LockClient;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.lock("order:42", Duration::from_secs(30)).await?;
+    /// // ... the work the lock protects ...
+    /// assert!(guard.release().await?, "it was still ours");
+    /// # Ok(()) }
+    /// ```
     pub async fn lock(&self, key: &str, ttl: Duration) -> Result<LockGuard, LockError> {
         self.lock_with(key, LockOptions::new(ttl)).await
     }
 
     /// One attempt: `Ok(None)` when someone else holds the lock.
+    ///
+    /// ```
+    /// use lock_core::{LockClient, MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let store = MemoryStore::new();
+    /// let (replica_a, replica_b) = (LockClient::in_memory_on(&store), LockClient::in_memory_on(&store));
+    /// let ttl = Duration::from_secs(60);
+    /// let running = replica_a.try_lock("nightly-report", ttl).await?.expect("free");
+    /// // Replica b skips the job at once instead of waiting.
+    /// assert!(replica_b.try_lock("nightly-report", ttl).await?.is_none());
+    /// running.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>, LockError> {
         match self
             .lock_with(key, LockOptions::new(ttl).wait(Duration::ZERO))
@@ -73,6 +102,24 @@ impl LockClient {
     }
 
     /// Takes the lock `key` as `options` say.
+    ///
+    /// ```
+    /// use lock_core::{LockClient, LockOptions};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let options = LockOptions::new(Duration::from_secs(10))
+    ///     .wait(Duration::from_secs(2))
+    ///     .fencing(true);
+    /// let guard = client.lock_with("ledger", options).await?;
+    /// let token = guard.fencing_token().expect("asked for one");
+    /// // Give `token` to the storage; it refuses any lower one from now on.
+    /// # let _ = token;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// Tasks of this process that ask for the same key queue in arrival
     /// order, and only the first talks to Redis (see
@@ -166,13 +213,28 @@ impl LockClient {
     /// Only exclusive locks: [`LockOptions::shared`] and
     /// [`LockOptions::permits`] are refused with
     /// [`ErrorKind::Config`].
+    ///
+    /// ```
+    /// use lock_core::{LockClient, LockOptions};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let options = LockOptions::new(Duration::from_secs(30));
+    /// // A transfer holds both accounts; another one from 3 to 7 waits for it.
+    /// let both = client.lock_all(&["account:7", "account:3"], options).await?;
+    /// assert!(client.try_lock("account:3", Duration::from_secs(30)).await?.is_none());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn lock_all(
         &self,
         keys: &[&str],
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
         if options.mode != Mode::Exclusive {
-            return Err(LockError::config(
+            return Err(LockError::options(
                 "lock_all takes exclusive locks only: shared locks and permits are one key each",
             ));
         }
@@ -259,7 +321,7 @@ impl LockClient {
             .check(self.inner.default_wait)
             .map_err(|e| e.with_key(key))?;
         if options.fences() && lease.fence_of(key).is_none() {
-            return Err(LockError::config(
+            return Err(LockError::options(
                 "fencing asked for on a lock this task already holds without a fencing token; \
                  take the outermost lock with fencing",
             )
@@ -283,7 +345,7 @@ impl LockClient {
             }
         }
         if lease.is_lost() {
-            return Err(LockError::lost(key));
+            return Err(LockError::lost(key, lease.loss_reason()));
         }
         observe::reentered(key);
         Ok(LockGuard::reentry(self.inner.clone(), lease, key))

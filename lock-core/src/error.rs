@@ -23,13 +23,18 @@ pub enum ErrorKind {
     AlreadyInitialized,
     /// Redis could not be reached or did not answer in time.
     Unavailable,
-    /// Redis answered with an error (a permission denied by an ACL, a key of
-    /// the wrong type, a script error).
+    /// Redis answered with an error: a permission denied by an ACL, a key of
+    /// the wrong type, a script error, and also a refused login (a wrong
+    /// user name or password, a disabled ACL user, a server that requires a
+    /// password none was given for), whose message says which.
     Server,
     /// The lock key was empty, too long, or started with `}` (which would
     /// leave its Redis Cluster hash tag empty).
     InvalidKey,
-    /// The client's configuration was invalid (bad URL, zero ttl, ...).
+    /// The configuration was invalid: the client's (a bad URL, a zero
+    /// default ttl, ...: "invalid lock client configuration"), or the lock
+    /// options of one call (a ttl or wait out of range, a kind of lock the
+    /// key is not held as, ...: "invalid lock options").
     Config,
     /// The task asked for a lock it can never get because of what it holds
     /// itself: an exclusive lock on a key it holds shared (or with a
@@ -53,20 +58,109 @@ impl ErrorKind {
     }
 }
 
+/// Why a held lock was lost ([`LockGuard::loss_reason`](crate::LockGuard::loss_reason),
+/// [`LockError::loss_reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renewal or an extension found the key gone or held by another
+    /// owner: the lease expired on the server (a pause, a cut-off) and may
+    /// have been taken since.
+    TakenOver,
+    /// The validity deadline passed without a successful renewal: Redis
+    /// did not answer in time, so the lease cannot be trusted any more.
+    Expired,
+    /// `max_hold` was reached.
+    MaxHold,
+    /// An operator broke the lock ([`LockClient::force_release`](crate::LockClient::force_release),
+    /// `lockctl release`); the holder found out at its next renewal.
+    ForceReleased,
+}
+
+impl LossReason {
+    /// The reason, in words, for logs.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => "a renewal found the lock taken over or expired",
+            LossReason::Expired => "the validity deadline passed without a successful renewal",
+            LossReason::MaxHold => "max_hold reached",
+            LossReason::ForceReleased => "an operator force-released the lock",
+        }
+    }
+
+    /// What a `Lost` error says happened, and what to look at.
+    fn explain(self) -> &'static str {
+        match self {
+            LossReason::TakenOver => {
+                "a renewal found the key gone or held by another owner: the lease ran out on                  the server before the work finished (this process paused, or could not reach                  Redis, for longer than the ttl)"
+            }
+            LossReason::Expired => {
+                "no renewal succeeded before the lease's validity ran out (Redis did not                  answer in time), so the lock could no longer be trusted"
+            }
+            LossReason::MaxHold => {
+                "max_hold was reached: the work ran longer than the lock may be held"
+            }
+            LossReason::ForceReleased => {
+                "an operator force-released it (LockClient::force_release or lockctl release)                  before the work finished"
+            }
+        }
+    }
+}
+
 /// The error returned by every fallible operation of this crate.
 ///
 /// It carries the [`ErrorKind`], the lock key concerned (when there is one),
 /// how long the caller waited (for acquisitions), a message saying what to do,
 /// and the underlying Redis error as [`source`](std::error::Error::source).
+///
+/// Decide on [`kind`](Self::kind), never on the message:
+///
+/// ```
+/// use lock_core::{ErrorKind, LockClient, LockError, MemoryStore};
+/// use std::time::Duration;
+///
+/// async fn run_report(client: &LockClient) -> Result<&'static str, LockError> {
+///     match client.lock("report", Duration::from_secs(30)).await {
+///         Ok(guard) => {
+///             // ... build the report ...
+///             guard.release().await?;
+///             Ok("built")
+///         }
+///         // Another replica is on it: nothing to do.
+///         Err(e) if e.kind() == ErrorKind::Contended => Ok("skipped"),
+///         // Redis unreachable: worth another try later.
+///         Err(e) if e.kind() == ErrorKind::Unavailable => Ok("retry later"),
+///         Err(e) => Err(e),
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let store = MemoryStore::new();
+/// let other = LockClient::in_memory_on(&store);
+/// let held = other.lock("report", Duration::from_secs(30)).await?;
+/// let client = lock_core::LockClient::builder()
+///     .in_memory(&store)
+///     .default_wait(Duration::ZERO)
+///     .build()
+///     .await?;
+/// assert_eq!(run_report(&client).await?, "skipped");
+/// held.release().await?;
+/// assert_eq!(run_report(&client).await?, "built");
+/// # Ok(()) }
+/// ```
 pub struct LockError {
     inner: Box<Inner>,
 }
 
 struct Inner {
     kind: ErrorKind,
+    /// What the message is about, when not the kind's own description.
+    subject: Option<&'static str>,
     key: Option<String>,
     waited: Option<Duration>,
     message: Option<String>,
+    loss: Option<LossReason>,
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
 }
 
@@ -75,9 +169,11 @@ impl LockError {
         LockError {
             inner: Box::new(Inner {
                 kind,
+                subject: None,
                 key: None,
                 waited: None,
                 message: None,
+                loss: None,
                 source: None,
             }),
         }
@@ -103,15 +199,31 @@ impl LockError {
         self
     }
 
+    /// Invalid configuration of the client.
     pub(crate) fn config(message: impl Into<String>) -> Self {
         LockError::new(ErrorKind::Config).with_message(message)
     }
 
-    /// A lock that was lost while it was held.
-    pub(crate) fn lost(key: &str) -> Self {
-        LockError::new(ErrorKind::Lost)
-            .with_key(key)
-            .with_message("the lease expired or was taken over before the work finished")
+    /// Invalid lock options of one call.
+    pub(crate) fn options(message: impl Into<String>) -> Self {
+        LockError::config(message).in_options()
+    }
+
+    /// A [`config`](Self::config) error that a call's lock options caused.
+    pub(crate) fn in_options(mut self) -> Self {
+        self.inner.subject = Some("invalid lock options");
+        self
+    }
+
+    /// A lock that was lost while it was held, for `reason` when it is
+    /// known.
+    pub(crate) fn lost(key: &str, reason: Option<LossReason>) -> Self {
+        let mut error = LockError::new(ErrorKind::Lost).with_key(key);
+        error.inner.loss = reason;
+        error.with_message(reason.map_or(
+            "the lease expired or was taken over before the work finished",
+            LossReason::explain,
+        ))
     }
 
     /// What went wrong.
@@ -122,6 +234,29 @@ impl LockError {
     /// The lock key this error concerns, as the caller named it.
     pub fn key(&self) -> Option<&str> {
         self.inner.key.as_deref()
+    }
+
+    /// Why the lock was lost, for an [`ErrorKind::Lost`] error (`None` for
+    /// other kinds, and when the reason is not known).
+    ///
+    /// ```
+    /// use lock_core::{ErrorKind, LockClient, LossReason};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::in_memory();
+    /// let guard = client.lock("report", Duration::from_secs(1)).await?;
+    /// client.force_release("report").await?; // an operator breaks it
+    /// guard.lost().await; // noticed at the next renewal, a third of the ttl later
+    /// let err = guard.extend(Duration::from_secs(1)).await.unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::Lost);
+    /// assert_eq!(err.loss_reason(), Some(LossReason::ForceReleased));
+    /// assert!(err.to_string().contains("force-released"), "{err}");
+    /// # Ok(()) }
+    /// ```
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.inner.loss
     }
 
     /// How long the caller waited before this error, for acquisitions.
@@ -172,7 +307,11 @@ impl LockError {
 
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.inner.kind.describe())?;
+        f.write_str(
+            self.inner
+                .subject
+                .unwrap_or_else(|| self.inner.kind.describe()),
+        )?;
         if let Some(key) = &self.inner.key {
             write!(f, " (key {key:?}")?;
             if let Some(waited) = self.inner.waited {
@@ -204,6 +343,9 @@ impl fmt::Debug for LockError {
         }
         if let Some(message) = &self.inner.message {
             d.field("message", message);
+        }
+        if let Some(loss) = &self.inner.loss {
+            d.field("loss_reason", loss);
         }
         if let Some(source) = &self.inner.source {
             d.field("source", source);

@@ -34,6 +34,25 @@ pub(crate) enum Renewal {
 /// [`fencing_token`](Self::fencing_token) with the protected resource when a
 /// late writer must be refused.
 ///
+/// ```
+/// use lock_core::LockClient;
+/// use std::time::Duration;
+///
+/// # async fn copy_the_files() {}
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let client = LockClient::in_memory();
+/// let guard = client.lock("backup", Duration::from_secs(30)).await?;
+/// tokio::select! {
+///     () = copy_the_files() => {}
+///     // Stop the work as soon as the lock is no longer ours.
+///     () = guard.lost() => eprintln!("lost {}: {:?}", guard.key(), guard.loss_reason()),
+/// }
+/// let was_still_ours = guard.release().await?;
+/// assert!(was_still_ours);
+/// # Ok(()) }
+/// ```
+///
 /// A guard taken inside a `#[distributed_lock]` body, through the same
 /// client, on a key that body (or one around it) holds is a **re-entry**:
 /// it was granted at once, without a Redis command, and stands for the lock
@@ -280,13 +299,13 @@ impl LockGuard {
             .with_key(self.key()));
         }
         if ttl < MIN_TTL || ttl > MAX_DURATION {
-            return Err(LockError::config(format!(
+            return Err(LockError::options(format!(
                 "ttl {ttl:?} is out of range ({MIN_TTL:?} to 24h)"
             ))
             .with_key(self.key()));
         }
         if self.lease.is_lost() {
-            return Err(LockError::lost(self.key()));
+            return Err(LockError::lost(self.key(), self.lease.loss_reason()));
         }
         let lease = &self.lease;
         // Never closed, so acquiring fails only if that changes: then go
@@ -317,7 +336,7 @@ impl LockGuard {
             }
             Ok(false) => {
                 lease.mark_lost(LossReason::TakenOver);
-                Err(LockError::lost(self.key()))
+                Err(LockError::lost(self.key(), lease.loss_reason()))
             }
             Err(e) => Err(e.with_key(self.key())),
         }

@@ -233,7 +233,8 @@ impl LockClient {
     /// [`force_release`](Self::force_release), answering what was evicted
     /// (its holder, fencing token, how long it had been held, how many
     /// shared holders or permits), or `Ok(None)` when the lock was free.
-    /// Its [`remaining`](LockState::remaining) is zero: it is gone.
+    /// Its [`remaining`](LockState::remaining) is what the evicted lease
+    /// had left when it was broken.
     pub async fn evict(&self, key: &str) -> Result<Option<LockState>, LockError> {
         let inner = &self.inner;
         let keys = KeyNames::of(inner, key)?;
@@ -250,11 +251,15 @@ impl LockClient {
                     "the key holds a Redis {kind}, not a lock: some other program uses it; \
                      nothing was deleted"
                 ))),
-            Forced::Evicted { value, holders } => {
+            Forced::Evicted {
+                value,
+                holders,
+                pttl_ms,
+            } => {
                 let raw = RawState {
                     value,
                     foreign: false,
-                    pttl_ms: 0,
+                    pttl_ms,
                     now_ms: inner.holder.server_now_ms(),
                     holders,
                 };

@@ -32,7 +32,7 @@ impl LockClient {
     ) -> Result<LockGuard, LockError> {
         let inner = &self.inner;
         if options.mode != Mode::Exclusive {
-            return Err(LockError::config(
+            return Err(LockError::options(
                 "lock_all takes exclusive locks only: shared locks and permits are one key each",
             )
             .with_key(keys[0]));
@@ -116,7 +116,7 @@ impl LockClient {
             return Err(no_members_on_redlock().with_key(key));
         }
         if options.fencing {
-            return Err(LockError::config(
+            return Err(LockError::options(
                 "fencing tokens order exclusive holders, one after another; shared holders \
                  and permits hold at the same time and have none",
             )
@@ -262,7 +262,7 @@ pub(crate) fn mismatch(found: &str, asked: &str) -> LockError {
         Some(n) => format!("with {n} permits"),
         None => "shared".to_owned(),
     };
-    LockError::config(format!(
+    LockError::options(format!(
         "the key is held {}, and this asked for it {}: every holder of a key must \
          ask for the same kind of lock (and the same number of permits)",
         says(found),

@@ -2,6 +2,8 @@
 //! limits every lease keeps.
 
 use crate::error::LockError;
+// Where the rest of the crate finds it, beside the leases it describes.
+pub(crate) use crate::error::LossReason;
 use crate::observe;
 use crate::token::Token;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -10,29 +12,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Why a held lock was lost ([`LockGuard::loss_reason`](crate::LockGuard::loss_reason)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// A renewal or an extension found the key gone or held by another
-    /// owner: the lease expired on the server (a pause, a cut-off) and may
-    /// have been taken since.
-    TakenOver,
-    /// The validity deadline passed without a successful renewal: Redis
-    /// did not answer in time, so the lease cannot be trusted any more.
-    Expired,
-    /// `max_hold` was reached.
-    MaxHold,
-    /// An operator broke the lock ([`LockClient::force_release`](crate::LockClient::force_release),
-    /// `lockctl release`); the holder found out at its next renewal.
-    ForceReleased,
-}
-
 /// A lease's state: held.
 const HELD: u8 = 0;
 /// A lease's state: let go by its guard (nothing lost).
 const RETIRED: u8 = 1;
 
+// A lost lease's state is its reason's code, past `RETIRED`. (`LossReason`
+// itself is in `error.rs`: a `Lost` error carries it.)
 impl LossReason {
     /// The state of a lease lost for this reason (above [`RETIRED`]).
     fn code(self) -> u8 {
@@ -54,16 +40,6 @@ impl LossReason {
         ]
         .into_iter()
         .find(|reason| reason.code() == code)
-    }
-
-    /// The reason, in words, for logs.
-    pub(crate) fn text(self) -> &'static str {
-        match self {
-            LossReason::TakenOver => "a renewal found the lock taken over or expired",
-            LossReason::Expired => "the validity deadline passed without a successful renewal",
-            LossReason::MaxHold => "max_hold reached",
-            LossReason::ForceReleased => "an operator force-released the lock",
-        }
     }
 }
 

@@ -116,18 +116,24 @@ pub use backend::MemoryStore;
 pub use backoff::Backoff;
 pub use builder::LockClientBuilder;
 pub use current::{LockInfo, current_lock};
-pub use error::{ErrorKind, LockError, NodeError, QuorumFailure, TimedOut};
+pub use error::{ErrorKind, LockError, LossReason, NodeError, QuorumFailure, TimedOut};
 pub use global::{
     DefaultClientGuard, SetGlobalClientError, default_client, global_client, set_default_client,
     set_global_client, with_default_client,
 };
 pub use guard::LockGuard;
 pub use inspect::{LockCursor, LockKind, LockPage, LockState};
-pub use lease::{LossReason, MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
+pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use options::LockOptions;
 pub use queue::HandoffBudget;
 pub use state::LockClient;
 pub use token::MAX_HOLDER_LEN;
+
+/// The README's Rust examples, compiled as doctests (those that need a live
+/// server are `no_run`), so the front door's code keeps compiling.
+#[cfg(all(doctest, feature = "macros"))]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
 
 /// Runs an async function only while this process holds a distributed lock.
 #[cfg(feature = "macros")]

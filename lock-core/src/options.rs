@@ -169,12 +169,13 @@ impl LockOptions {
     /// Checks every duration; returns the wait, `default_wait` when none
     /// was set.
     pub(crate) fn check(&self, default_wait: Duration) -> Result<Duration, LockError> {
-        check_duration("ttl", self.ttl, MIN_TTL)?;
         let wait = self.wait.unwrap_or(default_wait);
-        check_duration("wait", wait, Duration::ZERO)?;
-        self.holds.check(self.ttl)?;
+        let checked = check_duration("ttl", self.ttl, MIN_TTL)
+            .and_then(|()| check_duration("wait", wait, Duration::ZERO))
+            .and_then(|()| self.holds.check(self.ttl));
+        checked.map_err(LockError::in_options)?;
         if self.mode == Mode::Permits(0) {
-            return Err(LockError::config("permits must be at least 1"));
+            return Err(LockError::options("permits must be at least 1"));
         }
         Ok(wait)
     }

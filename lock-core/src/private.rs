@@ -168,8 +168,14 @@ pub fn global() -> Result<DefaultClient, LockError> {
 }
 
 /// The error conversion every annotated function's error type must offer.
+///
+/// Generated code names it as `<E as FromLockError>::from_lock_error`,
+/// spanned on the declared error type, and hands that to [`run`]: the one
+/// place the bound is checked, so a missing conversion is one error, on the
+/// error type. (A bound on `run` itself was reported twice under
+/// incremental builds, on `Result`, the second time without this message.)
 #[diagnostic::on_unimplemented(
-    message = "`#[distributed_lock]` needs a return type `Result<T, E>` where `E: From<lock_core::LockError>`",
+    message = "`#[distributed_lock]` needs an error type that converts from `lock_core::LockError`, and `{Self}` does not",
     label = "`{Self}` cannot hold a lock error",
     note = "add `impl From<lock_core::LockError> for {Self}` (or use a `#[from] LockError` variant), or return `Result<T, lock_core::LockError>`"
 )]
@@ -186,7 +192,7 @@ impl<E: From<LockError>> FromLockError for E {
 
 /// Pins an annotated function's return type to `Result<T, E>`, for a clear
 /// message when it is not. The error conversion is checked separately, by
-/// `run`'s `E: FromLockError`, so that each mistake gets its own message.
+/// [`FromLockError`], so that each mistake gets its own message.
 ///
 /// Generated code passes the body's value and `run`'s result through the
 /// two (identity) conversions, so a return type that is not a `Result`
@@ -231,6 +237,8 @@ impl<T, E> LockResult for Result<T, E> {
 ///   [`OnLost::Continue`] the body finishes and its result is returned.
 ///
 /// Inside the body [`current_lock`](crate::current_lock) describes this lock.
+/// Every [`LockError`] is returned through `into_error` (the error type's
+/// [`FromLockError`] conversion).
 ///
 /// Nested in a body of this task that holds `key` through the same client,
 /// `lock_with` re-enters: the body runs under the outer lease, is aborted
@@ -239,23 +247,23 @@ pub async fn run<C, T, E, F>(
     client: Result<C, LockError>,
     key: String,
     attr: Attr,
+    into_error: fn(LockError) -> E,
     body: F,
 ) -> Result<T, E>
 where
     C: ClientSource,
-    E: FromLockError,
     F: Future<Output = Result<T, E>>,
 {
     let client = match client {
         Ok(ref client) => client.lock_client(),
-        Err(e) => return Err(E::from_lock_error(e.with_key(key))),
+        Err(e) => return Err(into_error(e.with_key(key))),
     };
     let guard = match client.lock_with(&key, attr.options(client)).await {
         Ok(guard) => guard,
-        Err(e) => return Err(E::from_lock_error(e)),
+        Err(e) => return Err(into_error(e)),
     };
     let info = LockInfo::new(key, guard.fencing_token());
-    run_held(guard, info, attr.on_lost, body).await
+    run_held(guard, info, attr.on_lost, into_error, body).await
 }
 
 /// [`run`] for `keys = [..]`: holds every key at once (see
@@ -264,11 +272,11 @@ pub async fn run_all<C, T, E, F>(
     client: Result<C, LockError>,
     keys: Vec<String>,
     attr: Attr,
+    into_error: fn(LockError) -> E,
     body: F,
 ) -> Result<T, E>
 where
     C: ClientSource,
-    E: FromLockError,
     F: Future<Output = Result<T, E>>,
 {
     let client = match client {
@@ -278,16 +286,16 @@ where
                 Some(key) => e.with_key(key.clone()),
                 None => e,
             };
-            return Err(E::from_lock_error(e));
+            return Err(into_error(e));
         }
     };
     let names: Vec<&str> = keys.iter().map(String::as_str).collect();
     let guard = match client.lock_all(&names, attr.options(client)).await {
         Ok(guard) => guard,
-        Err(e) => return Err(E::from_lock_error(e)),
+        Err(e) => return Err(into_error(e)),
     };
     let info = guard.info();
-    run_held(guard, info, attr.on_lost, body).await
+    run_held(guard, info, attr.on_lost, into_error, body).await
 }
 
 /// Runs `body` under `guard`, described to it by `info`, and releases on
@@ -296,10 +304,10 @@ async fn run_held<T, E, F>(
     guard: LockGuard,
     info: LockInfo,
     on_lost: OnLost,
+    into_error: fn(LockError) -> E,
     body: F,
 ) -> Result<T, E>
 where
-    E: FromLockError,
     F: Future<Output = Result<T, E>>,
 {
     let (held_by, lease) = guard.holding();
@@ -315,14 +323,16 @@ where
         }
         OnLost::Continue => Some(body.await),
     };
-    let lost = outcome.is_none().then(|| LockError::lost(guard.key()));
+    let lost = outcome
+        .is_none()
+        .then(|| LockError::lost(guard.key(), guard.loss_reason()));
     // Whatever the release says, the body's outcome stands: a failed release
     // leaves the lease to expire by itself. Its reply is not waited for.
     let _ = guard.send_release().await;
     match (outcome, lost) {
         (Some(Ok(result)), _) => result,
         (Some(Err(panic)), _) => std::panic::resume_unwind(panic),
-        (None, lost) => Err(E::from_lock_error(
+        (None, lost) => Err(into_error(
             lost.unwrap_or_else(|| LockError::new(crate::ErrorKind::Lost)),
         )),
     }

@@ -732,9 +732,10 @@ return {"held", redis.call("PTTL", KEYS[1]), now, value, count}"#
 /// holder's, goes into the tombstone for as long as the evicted lease had
 /// left (added to the tokens already there), so the holders can tell at
 /// their next renewal that they were evicted rather than expired. Returns
-/// `{1, value, holders}` with the value removed and how many live holders
-/// it had, `{0, "", 0}` when the key was free, `{-1, type, 0}` for a key
-/// of another type, which is left alone: it is not a lock.
+/// `{1, value, holders, pttl}` with the value removed, how many live
+/// holders it had and what its lease had left (`PTTL`: -1 without expiry),
+/// `{0, "", 0, -2}` when the key was free, `{-1, type, 0, -2}` for a key of
+/// another type, which is left alone: it is not a lock.
 pub(crate) static FORCE_RELEASE: Lua = lua!(concat!(
     lua_read!(),
     lua_members!(),
@@ -743,12 +744,13 @@ if not ok and value then
   return value
 end
 if not ok then
-  return {-1, redis.call("TYPE", KEYS[1]).ok, 0}
+  return {-1, redis.call("TYPE", KEYS[1]).ok, 0, -2}
 end
 if not value then
-  return {0, "", 0}
+  return {0, "", 0, -2}
 end
 local pttl = redis.call("PTTL", KEYS[1])
+local left = pttl
 local evicted = string.match(value, "^[^|]*")
 local count = 1
 if is_marker(value) then
@@ -766,7 +768,7 @@ if pttl > 0 and evicted ~= "" then
   redis.call("SET", KEYS[3], evicted, "PX", pttl)
 end
 redis.call("PUBLISH", KEYS[1], "")
-return {1, value, count}"#
+return {1, value, count, left}"#
 ));
 
 /// The scripts against a real `redis-server`.

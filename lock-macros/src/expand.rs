@@ -20,16 +20,17 @@ use syn::spanned::Spanned;
 ///
 /// The body's value and `run`'s result pass through `LockResult`'s identity
 /// conversions, and everything generated around the body is spanned on the
-/// return type. A return type that is not a `Result` gets one error there
-/// (`LockResult`'s), and an error type without `From<LockError>` gets one
-/// error there (`run`'s `E: FromLockError`), each in the words of the
-/// trait's `#[diagnostic::on_unimplemented]`: rustc reports a failed bound
-/// once per span, and the conversions keep a non-`Result` type from
-/// cascading into mismatches in every expression that follows.
+/// return type: a return type that is not a `Result` gets one error there
+/// (`LockResult`'s), and the conversions keep it from cascading into
+/// mismatches in every expression that follows. The error type's
+/// conversion from `LockError` is a function `run` is handed, named with
+/// the error type's own span (see [`into_error`]): an error type without
+/// `From<LockError>` gets one error, on that type. Each message is the
+/// trait's `#[diagnostic::on_unimplemented]`.
 ///
 /// Input:
 ///
-/// ```ignore
+/// ```text
 /// #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
 /// pub async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
 ///     let receipt = gateway.charge(order_id, amount).await?;
@@ -39,7 +40,7 @@ use syn::spanned::Spanned;
 ///
 /// Output:
 ///
-/// ```ignore
+/// ```text
 /// pub async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
 ///     let __lock_attr_key = ::std::format!("order:{}", order_id);
 ///     let __lock_attr_client = ::lock_core::__private::global();
@@ -52,6 +53,7 @@ use syn::spanned::Spanned;
 ///                 label: "order:{order_id}",
 ///                 ..::lock_core::__private::Attr::DEFAULT
 ///             },
+///             <BillingError as ::lock_core::__private::FromLockError>::from_lock_error,
 ///             async move {
 ///                 let __lock_attr_ret: Result<Receipt, BillingError> = {
 ///                     let receipt = gateway.charge(order_id, amount).await?;
@@ -68,7 +70,7 @@ use syn::spanned::Spanned;
 ///
 /// With `client = self.locks` the client line becomes
 ///
-/// ```ignore
+/// ```text
 /// let __lock_attr_client = ::lock_core::__private::client(&(self.locks)).cloned();
 /// let __lock_attr_client = match __lock_attr_client {
 ///     ::core::result::Result::Ok(ref client) => ::core::result::Result::Ok(client),
@@ -78,7 +80,7 @@ use syn::spanned::Spanned;
 ///
 /// With `keys = ["account:{from}", "account:{to}"]` the key line becomes
 ///
-/// ```ignore
+/// ```text
 /// let __lock_attr_keys = ::std::vec![
 ///     ::std::format!("account:{}", from),
 ///     ::std::format!("account:{}", to),
@@ -121,6 +123,7 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
     };
     let client = client(lock);
     let attr = attr(lock);
+    let into_error = into_error(lock);
     let call = if lock.ret_nameable {
         // Everything generated around the body is spanned on the return
         // type (its first token: a proc macro cannot join spans on stable),
@@ -134,7 +137,7 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
                 #krate::__private::LockResult::into_result(__lock_attr_ret)
             }
         };
-        let args = quote! { __lock_attr_client, #keys, #attr, #body };
+        let args = quote! { __lock_attr_client, #keys, #attr, #into_error, #body };
         let run = respan(run, span);
         quote_spanned! {span=>
             #krate::__private::LockResult::from_result(#krate::__private::#run(#args).await)
@@ -146,6 +149,7 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
                 __lock_attr_client,
                 #keys,
                 #attr,
+                #into_error,
                 async move #block,
             )
             .await
@@ -180,6 +184,27 @@ fn render_key(key: &Key) -> TokenStream {
     }
     let format = LitStr::new(&format, key.span);
     quote_spanned! {key.span=> ::std::format!(#format #(, #values)*) }
+}
+
+/// `<E as FromLockError>::from_lock_error`, the conversion `run` returns
+/// every lock error through, spanned on the declared error type `E`: an
+/// error type without `From<LockError>` is reported there, once, in the
+/// words of `FromLockError`'s `#[diagnostic::on_unimplemented]`. When the
+/// signature does not spell `E` (`io::Result<()>`, an alias), `_` in its
+/// place is inferred from the body, and the error is on the return type.
+fn into_error(lock: &Lock<'_>) -> TokenStream {
+    let krate = &lock.krate;
+    match lock.error {
+        Some(error) => {
+            let span = error.span();
+            let conversion = respan(quote! { #krate::__private::FromLockError }, span);
+            quote_spanned! {span=> <#error as #conversion>::from_lock_error }
+        }
+        None => respan(
+            quote! { <_ as #krate::__private::FromLockError>::from_lock_error },
+            lock.ret.span(),
+        ),
+    }
 }
 
 /// Binds `__lock_attr_client`: the global client, or the one `client = ..`
@@ -381,6 +406,9 @@ mod tests {
             "LockResult",
             "into_result",
             "from_result",
+            "FromLockError",
+            "from_lock_error",
+            "as",
             "allow",
             "unreachable_code",
             "move",

@@ -6,15 +6,22 @@
 //! (`lock_core::distributed_lock`, default feature `macros`); this crate is
 //! its implementation. See [`macro@distributed_lock`] for the arguments.
 //!
-//! ```ignore
-//! use lock_core::distributed_lock;
+//! ```
+//! use lock_core::{LockClient, LockError, distributed_lock};
 //!
 //! #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
-//! async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
+//! async fn charge(order_id: u64, cents: u64) -> Result<u64, LockError> {
 //!     // Runs only while this process holds `order:<order_id>` across the
 //!     // fleet; renewed while it runs, released however it ends.
-//! #   todo!()
+//!     Ok(cents)
 //! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // At startup; in production `LockClient::builder().url("redis://host:6379").build().await?`.
+//! lock_core::set_global_client(LockClient::in_memory())?;
+//! assert_eq!(charge(42, 1999).await?, 1999);
+//! # Ok(()) }
 //! ```
 //!
 //! How it is built, as a pipeline in which each module imports only those
@@ -41,14 +48,36 @@ use proc_macro::TokenStream;
 
 /// Runs an `async fn` only while this process holds a distributed lock.
 ///
-/// ```ignore
-/// use lock_core::distributed_lock;
+/// ```
+/// use lock_core::{LockClient, LockError, distributed_lock};
+///
+/// /// The application's error: lock errors come back through it.
+/// #[derive(Debug)]
+/// enum BillingError {
+///     Lock(LockError),
+///     Declined,
+/// }
+///
+/// impl From<LockError> for BillingError {
+///     fn from(e: LockError) -> Self {
+///         BillingError::Lock(e)
+///     }
+/// }
 ///
 /// #[distributed_lock(key = "order:{order_id}", ttl = "30s")]
-/// async fn charge(order_id: u64, amount: Cents) -> Result<Receipt, BillingError> {
-///     let receipt = gateway().charge(order_id, amount).await?;
-///     Ok(receipt)
+/// async fn charge(order_id: u64, cents: u64) -> Result<u64, BillingError> {
+///     if cents == 0 {
+///         return Err(BillingError::Declined);
+///     }
+///     Ok(cents)
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// assert_eq!(charge(42, 1999).await.unwrap(), 1999);
+/// assert!(matches!(charge(42, 0).await, Err(BillingError::Declined)));
+/// # }).await }
 /// ```
 ///
 /// The lock is taken before the body starts (waiting as long as `wait`
@@ -89,14 +118,37 @@ use proc_macro::TokenStream;
 /// parameter, an unbalanced brace, an empty key or an empty placeholder is
 /// an error on the key, and so is a value whose type is not `Display`.
 ///
-/// ```ignore
+/// ```
+/// use lock_core::{LockClient, LockError, distributed_lock};
+///
+/// pub struct Customer {
+///     pub id: u64,
+/// }
+///
 /// #[distributed_lock(key = "invoice:{customer.id}:{month}")]
-/// async fn bill(customer: &Customer, month: Month) -> Result<(), BillingError> { .. }
+/// async fn bill(customer: &Customer, month: u8) -> Result<String, LockError> {
+///     Ok(lock_core::current_lock().unwrap().key().to_owned())
+/// }
+///
+/// pub struct Tenant {
+///     id: u32,
+///     locks: LockClient,
+/// }
 ///
 /// impl Tenant {
 ///     #[distributed_lock(key = "tenant:{self.id}:reindex", client = self.locks)]
-///     async fn reindex(&self) -> Result<(), lock_core::LockError> { .. }
+///     async fn reindex(&self) -> Result<(), LockError> {
+///         Ok(())
+///     }
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// assert_eq!(bill(&Customer { id: 7 }, 3).await?, "invoice:7:3");
+/// let tenant = Tenant { id: 1, locks: LockClient::in_memory() };
+/// tenant.reindex().await?;
+/// # Ok(()) }).await }
 /// ```
 ///
 /// A parameter bound by a destructuring pattern (`Point { x, y }: Point`)
@@ -115,12 +167,21 @@ use proc_macro::TokenStream;
 /// deadlock; the lock is renewed as a whole and counts as lost when any of
 /// its keys is lost.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(keys = ["account:{from}", "account:{to}"])]
-/// async fn transfer(from: AccountId, to: AccountId, amount: Cents) -> Result<(), BankError> {
+/// async fn transfer(from: u64, to: u64) -> Result<Vec<String>, LockError> {
 ///     // Runs while this process holds both `account:<from>` and `account:<to>`.
-///     ledger().move_funds(from, to, amount).await
+///     let lock = lock_core::current_lock().unwrap();
+///     Ok(lock.keys().map(str::to_owned).collect())
 /// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+///
+/// // Taken in one sorted order, whichever order the caller names them in.
+/// assert_eq!(transfer(7, 3).await?, ["account:3", "account:7"]);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// Inside the body, `current_lock()`'s `keys()` gives every key held in
@@ -138,9 +199,18 @@ use proc_macro::TokenStream;
 /// ttl bounds how long the lock outlives a crashed holder, not how long the
 /// body may run.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "report:{day}", ttl = "2m")]
-/// async fn build_report(day: Date) -> Result<(), ReportError> { .. }
+/// async fn build_report(day: u32) -> Result<u32, LockError> {
+///     // Renewed every 40s while it runs, however long that is.
+///     Ok(day)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// # assert_eq!(build_report(14).await?, 14);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `wait`
@@ -149,9 +219,27 @@ use proc_macro::TokenStream;
 /// `Contended` error; `"0s"` makes a single attempt, for work that only one
 /// replica should do and the others skip. At most 24h.
 ///
-/// ```ignore
+/// ```
+/// use lock_core::{LockClient, LockError, MemoryStore, distributed_lock};
+/// use std::time::Duration;
+///
 /// #[distributed_lock(key = "cron:cleanup", wait = "0s")]
-/// async fn cleanup() -> Result<(), lock_core::LockError> { .. }
+/// async fn cleanup() -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let store = MemoryStore::new();
+/// let other_replica = LockClient::in_memory_on(&store);
+/// let held = other_replica.lock("cron:cleanup", Duration::from_secs(30)).await?;
+/// # lock_core::with_default_client(LockClient::in_memory_on(&store), async {
+/// // Another replica runs it now: this one skips the tick at once.
+/// let err = cleanup().await.unwrap_err();
+/// assert!(err.is_contended(), "{err}");
+/// # Ok::<(), LockError>(()) }).await?;
+/// held.release().await?;
+/// # Ok(()) }
 /// ```
 ///
 /// # `renew`
@@ -160,9 +248,17 @@ use proc_macro::TokenStream;
 /// `true`). With `renew = false` the lock expires after `ttl` whatever the
 /// body does, and counts as lost from then on (see `on_lost`).
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "rate:{user_id}", ttl = "1s", renew = false)]
-/// async fn throttled(user_id: u64) -> Result<(), lock_core::LockError> { .. }
+/// async fn throttled(user_id: u64) -> Result<u64, LockError> {
+///     Ok(user_id)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// # assert_eq!(throttled(5).await?, 5);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `on_lost`
@@ -175,9 +271,18 @@ use proc_macro::TokenStream;
 /// - `"continue"`: the body finishes and its result is returned; check
 ///   fencing tokens or make the work idempotent.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "migrate:{table}", on_lost = "continue")]
-/// async fn migrate(table: &str) -> Result<(), MigrationError> { .. }
+/// async fn migrate(table: &str) -> Result<usize, LockError> {
+///     // Finishes even when the lock is lost meanwhile: make it idempotent.
+///     Ok(table.len())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// # assert_eq!(migrate("orders").await?, 6);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `fencing`
@@ -187,12 +292,22 @@ use proc_macro::TokenStream;
 /// writes from a holder that lost the lock without noticing. Read it with
 /// `lock_core::current_lock()`.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "ledger:{account}", fencing = true)]
-/// async fn post(account: AccountId, entry: Entry) -> Result<(), LedgerError> {
+/// async fn post(account: u64) -> Result<u64, LockError> {
 ///     let token = lock_core::current_lock().and_then(|lock| lock.fencing_token());
-///     ledger().write(account, entry, token).await
+///     // Hand the token to the storage, which refuses one lower than it has seen.
+///     Ok(token.expect("taken with fencing = true"))
 /// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+///
+/// let first = post(7).await?;
+/// let second = post(7).await?;
+/// assert!(second > first, "every later holder has a larger token");
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `min_hold`
@@ -203,9 +318,21 @@ use proc_macro::TokenStream;
 /// the same tick: a fast run must not let another replica run the tick
 /// again. At most `max_hold`.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "nightly-report:{day}", wait = "0s", min_hold = "5m")]
-/// async fn nightly_report(day: Date) -> Result<(), JobError> { ... }
+/// async fn nightly_report(day: u32) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+///
+/// nightly_report(14).await?;
+/// // Finished in no time, but the lock stays taken for the 5 minutes:
+/// // the other replicas skip this tick.
+/// assert!(nightly_report(14).await.unwrap_err().is_contended());
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `max_hold`
@@ -215,9 +342,17 @@ use proc_macro::TokenStream;
 /// call returns a `Lost` error), so a runaway body cannot hold a lock
 /// forever. At least the ttl.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "import:{batch}", ttl = "30s", max_hold = "10m")]
-/// async fn import(batch: BatchId) -> Result<(), ImportError> { ... }
+/// async fn import(batch: u64) -> Result<u64, LockError> {
+///     Ok(batch)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// # assert_eq!(import(3).await?, 3);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `mode`
@@ -230,12 +365,26 @@ use proc_macro::TokenStream;
 /// its own lease: a crashed one's hold runs out by itself. Not on a Redlock
 /// client.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "catalog:{region}", mode = "shared")]
-/// async fn read_catalog(region: &str) -> Result<Catalog, CatalogError> { .. }
+/// async fn read_catalog(region: &str) -> Result<usize, LockError> {
+///     Ok(region.len())
+/// }
 ///
 /// #[distributed_lock(key = "catalog:{region}")]
-/// async fn rebuild_catalog(region: &str) -> Result<(), CatalogError> { .. }
+/// async fn rebuild_catalog(region: &str) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+///
+/// // Readers run side by side; the rebuild runs alone.
+/// let (a, b) = tokio::join!(read_catalog("eu"), read_catalog("eu"));
+/// assert_eq!(a? + b?, 4);
+/// rebuild_catalog("eu").await?;
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `permits`
@@ -247,10 +396,18 @@ use proc_macro::TokenStream;
 /// of lock of its own, so it goes with neither `mode` nor `keys`. Not on a
 /// Redlock client.
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// // At most three exports run at once, fleet-wide.
 /// #[distributed_lock(key = "exports", permits = 3)]
-/// async fn export(batch: BatchId) -> Result<(), ExportError> { .. }
+/// async fn export(batch: u64) -> Result<u64, LockError> {
+///     Ok(batch)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// # assert_eq!(export(8).await?, 8);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # `client`
@@ -261,18 +418,32 @@ use proc_macro::TokenStream;
 /// process-wide client installed with `lock_core::set_global_client`, and
 /// returns a `NotInitialized` error if there is none.
 ///
-/// ```ignore
+/// ```
+/// use lock_core::{LockClient, LockError, distributed_lock};
+/// use std::sync::Arc;
+///
 /// struct Worker {
 ///     locks: LockClient,
 /// }
 ///
 /// impl Worker {
 ///     #[distributed_lock(key = "shard:{shard}", client = self.locks)]
-///     async fn run(self: Arc<Self>, shard: u32) -> Result<(), WorkerError> { .. }
+///     async fn run(self: Arc<Self>, shard: u32) -> Result<u32, LockError> {
+///         Ok(shard)
+///     }
 /// }
 ///
 /// #[distributed_lock(key = "tenant:{tenant}", client = locks)]
-/// async fn reindex(locks: &LockClient, tenant: u64) -> Result<(), lock_core::LockError> { .. }
+/// async fn reindex(locks: &LockClient, tenant: u64) -> Result<u64, LockError> {
+///     Ok(tenant)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let worker = Arc::new(Worker { locks: LockClient::in_memory() });
+/// assert_eq!(worker.clone().run(3).await?, 3);
+/// assert_eq!(reindex(&worker.locks, 9).await?, 9);
+/// # Ok(()) }
 /// ```
 ///
 /// # `crate`
@@ -281,9 +452,16 @@ use proc_macro::TokenStream;
 /// (`locks = { package = "lock-core", .. }`). Generated code reaches
 /// lock-core only through this path.
 ///
-/// ```ignore
+/// ```
+/// # extern crate lock_core as locks;
+/// // Cargo.toml: locks = { package = "lock-core", version = "0.1" }
 /// #[locks::distributed_lock(key = "job", crate = "::locks")]
-/// async fn job() -> Result<(), locks::LockError> { .. }
+/// async fn job() -> Result<(), locks::LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), locks::LockError> {
+/// # locks::with_default_client(locks::LockClient::in_memory(), job()).await }
 /// ```
 ///
 /// # Exit paths
@@ -318,14 +496,22 @@ use proc_macro::TokenStream;
 /// guard API in a plain task (there is no body to remember it: asking
 /// again for the same key in that task waits for that guard).
 ///
-/// ```ignore
+/// ```
+/// # use lock_core::{LockClient, LockError, distributed_lock};
 /// #[distributed_lock(key = "account:{id}")]
-/// async fn transfer(id: u64, amount: i64) -> Result<(), LockError> {
-///     debit(id, amount).await // re-enters `account:{id}`: no second round trip
+/// async fn transfer(id: u64, cents: i64) -> Result<i64, LockError> {
+///     debit(id, cents).await // re-enters `account:{id}`: no second round trip
 /// }
 ///
 /// #[distributed_lock(key = "account:{id}")]
-/// async fn debit(id: u64, amount: i64) -> Result<(), LockError> { .. }
+/// async fn debit(id: u64, cents: i64) -> Result<i64, LockError> {
+///     Ok(-cents)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// # lock_core::with_default_client(LockClient::in_memory(), async {
+/// # assert_eq!(transfer(1, 250).await?, -250);
+/// # Ok(()) }).await }
 /// ```
 ///
 /// # Compile errors
@@ -338,7 +524,9 @@ use proc_macro::TokenStream;
 ///   the closest one); `{self...}` without a receiver; a placeholder bound
 ///   inside a destructuring pattern; an unbalanced `{` or `}`; an empty
 ///   `{}`, a positional `{0}` or a format spec `{x:?}`; a value whose type
-///   is not `Display` (on the key literal).
+///   is not `Display` (on the key literal); a field the value does not
+///   have (`{self.m}`: rustc's "no field `m` on type `&Svc`", on the key
+///   literal, with no fix-it that would rewrite the attribute).
 /// - **`keys`**: together with `key`; not a list; an element that is not a
 ///   string literal; an empty list; a template listed twice; each template
 ///   checked as `key` is, with the error on that template; with
@@ -356,9 +544,9 @@ use proc_macro::TokenStream;
 ///   `min_hold`; an `on_lost` other than `"abort"` or `"continue"`.
 /// - **The function**: not `async`; `const`; no return type; a return type
 ///   that is not `Result<T, E>` with `E: From<lock_core::LockError>`; an
-///   error type without `From<LockError>` (the message says to add
-///   `impl From<lock_core::LockError> for MyError`); a trait method without
-///   a body.
+///   error type without `From<LockError>` (one error, on the error type,
+///   saying to add `impl From<lock_core::LockError> for MyError`); a trait
+///   method without a body.
 ///
 /// [`lock_core::current_lock()`]: https://docs.rs/lock-core/latest/lock_core/fn.current_lock.html
 #[proc_macro_attribute]
@@ -374,6 +562,11 @@ pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => with_item(e, original),
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 /// The errors, then the function unchanged, so the rest of the crate still
 /// sees it and type-checks.

@@ -35,6 +35,10 @@ pub(crate) struct Lock<'a> {
     /// Whether the return type can be written inside the body: not when it
     /// holds an `impl Trait`.
     pub(crate) ret_nameable: bool,
+    /// `E` of a return type spelled `Result<T, E>` (any path ending in
+    /// `Result` with two type arguments), when it can be written inside the
+    /// body; `None` for an alias like `io::Result<()>`.
+    pub(crate) error: Option<&'a Type>,
 }
 
 /// `on_lost = ".."`.
@@ -190,6 +194,7 @@ fn check_args<'a>(
         client: args.client.as_ref(),
         ret,
         ret_nameable: !has_impl_trait(ret),
+        error: error_type(ret),
     })
 }
 
@@ -675,16 +680,25 @@ fn check_key(lit: &LitStr, sig: &Signature, errors: &mut Errors) -> Option<Key> 
                 continue;
             }
         };
+        // A field that does not exist is rustc's error (E0609, "no field
+        // `m` on type `Svc`"), shown on the key literal. Its fix-it
+        // ("a field with a similar name exists") would replace the span of
+        // the field's name, here the whole literal, with a bare field name,
+        // which no longer compiles. Mixed-site hygiene keeps rustc from
+        // offering fields to a name the macro wrote (fields resolve by
+        // name alone, privacy as at the call site), and `located_at` keeps
+        // the error on the literal.
+        let field_span = Span::mixed_site().located_at(span);
         let fields = placeholder
             .fields
             .into_iter()
             .map(|member| match member {
                 Member::Named(mut ident) => {
-                    ident.set_span(span);
+                    ident.set_span(field_span);
                     Member::Named(ident)
                 }
                 Member::Unnamed(mut index) => {
-                    index.span = span;
+                    index.span = field_span;
                     Member::Unnamed(index)
                 }
             })
@@ -779,6 +793,29 @@ fn squeeze(tokens: &str) -> String {
         .replace(" < ", "<")
         .replace(" <", "<")
         .replace(" >", ">")
+}
+
+/// `E` in `Result<T, E>`, `std::result::Result<T, E>`: the error type as
+/// the signature spells it, unless it holds an `impl Trait`.
+fn error_type(ret: &Type) -> Option<&Type> {
+    let Type::Path(path) = ret else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if path.qself.is_some() || last.ident != "Result" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let mut types = args.args.iter().filter_map(|arg| match arg {
+        syn::GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    });
+    match (types.next(), types.next(), types.next()) {
+        (Some(_), Some(error), None) if !has_impl_trait(error) => Some(error),
+        _ => None,
+    }
 }
 
 fn has_impl_trait(ty: &Type) -> bool {

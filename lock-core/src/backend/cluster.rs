@@ -58,7 +58,10 @@ impl ClusterNode {
             .iter()
             .map(|url| {
                 redis::Client::open(url.as_str()).map_err(|e| {
-                    LockError::config(format!("cannot use Redis URL {:?}", redact(url)))
+                    LockError::config(format!(
+                "cannot use Redis URL {:?}: write it as redis://[user:password@]host:port[/db]",
+                redact(url)
+            ))
                         .with_source(e)
                 })
             })

@@ -460,6 +460,7 @@ impl MemoryStore {
         Forced::Evicted {
             value: found.value,
             holders: found.holders,
+            pttl_ms: found.pttl_ms,
         }
     }
 

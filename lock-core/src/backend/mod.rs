@@ -206,7 +206,7 @@ pub(crate) struct MemberLease<'a> {
 
 /// Why shared locks and permits are refused on Redlock.
 pub(crate) fn no_members_on_redlock() -> LockError {
-    LockError::config(
+    LockError::options(
         "shared locks and permits are not available on Redlock: a holder set \
          kept on several independent servers has no majority rule that keeps \
          its count; use one server, Sentinel or Cluster for them",

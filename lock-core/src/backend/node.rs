@@ -172,7 +172,11 @@ impl Node {
             tls::install_crypto_provider();
         }
         let client = redis::Client::open(url).map_err(|e| {
-            LockError::config(format!("cannot use Redis URL {:?}", redact(url))).with_source(e)
+            LockError::config(format!(
+                "cannot use Redis URL {:?}: write it as redis://[user:password@]host:port[/db]",
+                redact(url)
+            ))
+            .with_source(e)
         })?;
         Ok(Node::with_client(client, connect_timeout))
     }

@@ -38,8 +38,13 @@ pub(crate) struct RawState {
 pub(crate) enum Forced {
     /// Nothing held the key.
     Free,
-    /// This value held it, with this many live holders, and was removed.
-    Evicted { value: String, holders: u64 },
+    /// This value held it, with this many live holders and this much of
+    /// its lease left (`PTTL`: -1 without expiry), and was removed.
+    Evicted {
+        value: String,
+        holders: u64,
+        pttl_ms: i64,
+    },
     /// A key of this other type: not a lock, left alone.
     Foreign(String),
 }
@@ -338,7 +343,7 @@ macro_rules! operator_commands {
                 keys: &OperatorKeys<'_>,
                 limit: Duration,
             ) -> Result<Forced, LockError> {
-                let (done, value, holders): (i64, String, u64) = self
+                let (done, value, holders, pttl_ms): (i64, String, u64, i64) = self
                     .call(limit, false, |mut conn| {
                         let mut inv = Eval::new(&scripts::FORCE_RELEASE, 3);
                         inv.key(keys.lock).key(keys.holders).key(keys.tombstone);
@@ -346,7 +351,11 @@ macro_rules! operator_commands {
                     })
                     .await?;
                 Ok(match done {
-                    1 => Forced::Evicted { value, holders },
+                    1 => Forced::Evicted {
+                        value,
+                        holders,
+                        pttl_ms,
+                    },
                     -1 => Forced::Foreign(value),
                     _ => Forced::Free,
                 })

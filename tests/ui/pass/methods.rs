@@ -69,6 +69,23 @@ impl Tenant {
     }
 }
 
+/// A private field in the key, from a method of the same module.
+mod private_fields {
+    use lock_core::{LockError, distributed_lock};
+
+    pub struct Job {
+        id: u64,
+        shard: (u8, u8),
+    }
+
+    impl Job {
+        #[distributed_lock(key = "job:{self.id}:{self.shard.1}")]
+        pub async fn run(&self) -> Result<u64, LockError> {
+            Ok(self.id + u64::from(self.shard.0))
+        }
+    }
+}
+
 fn make_client() -> LockClient {
     unimplemented!()
 }
@@ -90,6 +107,7 @@ fn main() {
         assert_send(&Tenant::owned_client_parameter(arc, 1));
         assert_send(&Tenant::temporary_client());
         assert_send(&tenant.self_as_key());
+        let _ = private_fields::Job::run;
         let arc = Arc::new(tenant);
         assert_send(&arc.clone().by_arc(1));
     }
