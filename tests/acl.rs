@@ -219,12 +219,10 @@ async fn the_documented_acl_runs_every_case_without_a_denial() {
 async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
     let server = server();
 
-    // No EVALSHA: taking a lock is a plain SET and works; releasing runs a
-    // script and is refused.
+    // No EVALSHA: every renewal and release runs a script, so the client
+    // is refused at startup, saying what to add.
     create_user(&server, "no-evalsha", &rules_without("+evalsha", &[]));
-    let client = client_as(&server, "no-evalsha").await;
-    let guard = client.lock("a", Duration::from_secs(5)).await.unwrap();
-    let err = guard.release().await.unwrap_err();
+    let err = try_client(&server, "no-evalsha").await.unwrap_err();
     assert_denied(&err, "may not run `evalsha`");
     assert!(err.to_string().contains("ACL SETUSER <user> +evalsha"));
 
@@ -261,18 +259,12 @@ async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
     assert!(!guard.is_lost(), "a refusal is not a loss");
     assert!(guard.release().await.unwrap());
 
-    // No GET: a script's read of the lock key is refused, and that is an
-    // error, not "the lock is not ours".
+    // No GET: a script's read of the lock key is refused; the client is
+    // refused at startup, naming what scripts need.
     create_user(&server, "no-get", &rules_without("+get", &[]));
-    let client = client_as(&server, "no-get").await;
-    let guard = client.lock("e", Duration::from_secs(5)).await.unwrap();
-    let err = guard.release().await.unwrap_err();
+    let err = try_client(&server, "no-get").await.unwrap_err();
     let text = assert_denied(&err, "+get");
     assert!(text.contains("script"), "{text}");
-    assert_eq!(
-        server.cmd::<i64>(&["EXISTS", &client.storage_key("e").unwrap()]),
-        1
-    );
     let log = denials(&server);
     assert!(
         log.iter()
@@ -293,14 +285,8 @@ async fn keys_outside_the_pattern_are_refused_clearly() {
     rules.retain(|rule| *rule != "&acl:lock:*");
     rules.push("&other:*");
     create_user(&server, "other-prefix", &rules);
-    let client = client_as(&server, "other-prefix").await;
-    let err = client
-        .lock_with(
-            "k",
-            LockOptions::new(Duration::from_secs(5)).wait(Duration::ZERO),
-        )
-        .await
-        .unwrap_err();
+    // Refused at startup: the client's own prefix is out of reach.
+    let err = try_client(&server, "other-prefix").await.unwrap_err();
     assert_denied(&err, "ACL SETUSER <user> ~<prefix>*");
 }
 
@@ -402,4 +388,21 @@ async fn the_operators_acl_runs_inspect_list_and_force_release() {
     let err = locker.list_all(None).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Server, "{err}");
     assert!(err.to_string().contains("scan"), "{err}");
+}
+
+/// A user whose `EVALSHA` is taken away while it holds a lock: the first
+/// renewal is refused, and the lock is reported lost at once, saying Redis
+/// refused it (not at its deadline as an unanswered renewal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_renewal_is_a_loss_that_says_so() {
+    let server = server();
+    create_user(&server, "revoked", LOCK_CLIENT_RULES);
+    let client = client_as(&server, "revoked").await;
+    let ttl = Duration::from_secs(3);
+    let guard = client.lock("renewed", ttl).await.unwrap();
+    let _: () = server.cmd(&["ACL", "SETUSER", "revoked", "-evalsha", "-eval"]);
+    tokio::time::timeout(ttl, guard.lost())
+        .await
+        .expect("the refused renewal was reported within the ttl");
+    assert_eq!(guard.loss_reason(), Some(lock_core::LossReason::Refused));
 }

@@ -540,6 +540,7 @@ impl LockClientBuilder {
             ))
         })?;
         client.inner.learn_server_clock(ping_limit).await;
+        client.inner.check_scripts(ping_limit).await?;
         Ok(client)
     }
 
@@ -700,6 +701,7 @@ impl LockClientBuilder {
             ))
         })?;
         client.inner.learn_server_clock(ping_limit).await;
+        client.inner.check_scripts(ping_limit).await?;
         Ok(client)
     }
 }

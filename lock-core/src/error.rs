@@ -75,6 +75,10 @@ pub enum LossReason {
     /// An operator broke the lock ([`LockClient::force_release`](crate::LockClient::force_release),
     /// `lockctl release`); the holder found out at its next renewal.
     ForceReleased,
+    /// Redis refused the renewal with an error that waiting will not
+    /// change (an ACL user without `EVALSHA`, say); the WARN logged with
+    /// it carries the server's words.
+    Refused,
 }
 
 impl LossReason {
@@ -85,6 +89,7 @@ impl LossReason {
             LossReason::Expired => "the validity deadline passed without a successful renewal",
             LossReason::MaxHold => "max_hold reached",
             LossReason::ForceReleased => "an operator force-released the lock",
+            LossReason::Refused => "Redis refused to renew the lock",
         }
     }
 
@@ -92,16 +97,21 @@ impl LossReason {
     fn explain(self) -> &'static str {
         match self {
             LossReason::TakenOver => {
-                "a renewal found the key gone or held by another owner: the lease ran out on                  the server before the work finished (this process paused, or could not reach                  Redis, for longer than the ttl)"
+                "a renewal found the key gone or held by another owner: the lease ran out on the server before the work finished (this process paused, or could not reach Redis, for longer than the ttl)"
             }
             LossReason::Expired => {
-                "no renewal succeeded before the lease's validity ran out (Redis did not                  answer in time), so the lock could no longer be trusted"
+                "no renewal succeeded before the lease's validity ran out (Redis did not answer in time), so the lock could no longer be trusted"
             }
             LossReason::MaxHold => {
                 "max_hold was reached: the work ran longer than the lock may be held"
             }
+            LossReason::Refused => {
+                "Redis refused to renew it with an error (a missing ACL permission such as \
+                 +evalsha; the WARN 'lock renewal failed' logged with it has the server's \
+                 words)"
+            }
             LossReason::ForceReleased => {
-                "an operator force-released it (LockClient::force_release or lockctl release)                  before the work finished"
+                "an operator force-released it (LockClient::force_release or lockctl release) before the work finished"
             }
         }
     }

@@ -27,6 +27,7 @@ impl LossReason {
             LossReason::Expired => 3,
             LossReason::MaxHold => 4,
             LossReason::ForceReleased => 5,
+            LossReason::Refused => 6,
         }
     }
 
@@ -37,6 +38,7 @@ impl LossReason {
             LossReason::Expired,
             LossReason::MaxHold,
             LossReason::ForceReleased,
+            LossReason::Refused,
         ]
         .into_iter()
         .find(|reason| reason.code() == code)
@@ -186,8 +188,8 @@ pub(crate) struct Lease {
     acquired: u64,
     /// `min_hold` and `max_hold`, when set (seldom: boxed).
     holds: Option<Box<HoldUntil>>,
-    /// Serialises renewals (heartbeat and `extend`), so an older PEXPIRE can
-    /// never land after a newer one and shorten the lease behind our back:
+    /// Serialises the heartbeat's renewals with a shortening `extend`, so a
+    /// renewal can never land after it and lengthen the key again:
     /// one permit, inside the lease (no allocation of its own); the
     /// heartbeat takes it with `try_acquire` and holds it through a round.
     pub(crate) renewing: tokio::sync::Semaphore,

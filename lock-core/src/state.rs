@@ -120,6 +120,24 @@ impl LockClient {
 }
 
 impl ClientInner {
+    /// Runs the release script once, on a key no lock uses: a server that
+    /// refuses lock-core's scripts (an ACL without `EVALSHA` or `EVAL`)
+    /// fails here, at startup, rather than at the first renewal, when the
+    /// lock taken by a plain `SET` would be lost. Only a refusal counts: a
+    /// server slow to answer now is the calls' business.
+    pub(crate) async fn check_scripts(&self, limit: Duration) -> Result<(), LockError> {
+        let probe = self.storage_key("lock-core:script-check")?;
+        match self
+            .backend
+            .release(&probe, &Token::generate(), limit)
+            .await
+        {
+            // The error names the refused command and the ACL rule to add.
+            Err(e) if e.kind() == ErrorKind::Server => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads the server's clock (`TIME`) to date the acquisitions this
     /// client writes. Best effort: without an answer (an ACL without
     /// `TIME`) the local clock stands in.

@@ -18,7 +18,7 @@ pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
-use crate::error::LockError;
+use crate::error::{ErrorKind, LockError};
 use crate::observe;
 use crate::token::{Holder, Stamped, Token};
 use futures::future::join_all;
@@ -77,18 +77,20 @@ impl Batched {
                 observe::renewal_failed(first.name(), unanswered, e);
             }
         }
+        let failed = self.error.as_ref().map_or(Renewal::Failed, Renewal::failed);
         self.each
             .into_iter()
             .map(|answer| match answer {
                 Some(true) => Renewal::Renewed,
                 Some(false) => Renewal::NotOurs,
-                None => Renewal::Failed,
+                None => failed,
             })
             .collect()
     }
 }
 
 /// What a round of renewals said about one lease.
+#[derive(Clone, Copy)]
 pub(crate) enum Renewal {
     Renewed,
     NotOurs,
@@ -97,6 +99,19 @@ pub(crate) enum Renewal {
     Evicted,
     /// No answer, or not enough of them: nobody can tell.
     Failed,
+    /// An error answer that waiting will not change (a permission the
+    /// ACL denies): the lease cannot be kept.
+    Refused,
+}
+
+impl Renewal {
+    /// What a failed renewal call means for its leases.
+    pub(crate) fn failed(error: &LockError) -> Renewal {
+        match error.kind() {
+            ErrorKind::Server => Renewal::Refused,
+            _ => Renewal::Failed,
+        }
+    }
 }
 
 /// The answer to one acquisition attempt.
@@ -437,8 +452,9 @@ impl Backend {
                         Ok(true) => Renewal::Renewed,
                         Ok(false) => Renewal::NotOurs,
                         Err(e) => {
+                            let answer = Renewal::failed(&e);
                             failed.get_or_insert((d, e, 0)).2 += 1;
-                            Renewal::Failed
+                            answer
                         }
                     })
                     .collect();
