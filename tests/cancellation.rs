@@ -10,6 +10,13 @@
 //! this process that lets go mid-way, handing over its lease or its turn;
 //! behind a holder in another process), on the in-memory backend, one
 //! Redis server, and Redlock over three servers.
+//!
+//! The *kept* variant polls each operation N times and then keeps it,
+//! unpolled, for longer than a ttl before dropping it. Meanwhile a lock of
+//! the same client with a 1 s ttl must stay held (renewed), other calls of
+//! the client must be answered promptly, and another task of the client
+//! must get the key within its wait: a future nobody polls holds nothing
+//! up.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -29,6 +36,10 @@ const KEY: &str = "k";
 /// The other key of `lock_all`.
 const KEY2: &str = "k2";
 const TTL: Duration = Duration::from_secs(30);
+/// The ttl of every lock of the kept variant, and how long it keeps an
+/// operation unpolled.
+const KEPT_TTL: Duration = Duration::from_secs(1);
+const KEPT_FOR: Duration = Duration::from_millis(1500);
 
 struct Fixture {
     /// The client whose operations are cancelled.
@@ -39,6 +50,10 @@ struct Fixture {
     /// Another process.
     b: LockClient,
     backend: Backend,
+    /// The ttl of the operations' locks.
+    ttl: Duration,
+    /// In the kept variant: a lock of `a` (1 s ttl) held all along.
+    held: Option<lock_core::LockGuard>,
 }
 
 impl Fixture {
@@ -53,14 +68,86 @@ impl Fixture {
             turns: client_with(&backend, settings(HandoffBudget::NONE)).await,
             b: client_with(&backend, settings(HandoffBudget::default())).await,
             backend,
+            ttl: TTL,
+            held: None,
+        }
+    }
+
+    /// The fixture of the kept variant.
+    async fn kept(backend: Backend) -> Fixture {
+        let mut fx = Fixture::on(backend).await;
+        fx.ttl = KEPT_TTL;
+        fx.held = Some(fx.a.lock("held", KEPT_TTL).await.unwrap());
+        fx
+    }
+
+    /// After an operation was polled: in the kept variant, when it did not
+    /// complete, keep it unpolled for [`KEPT_FOR`] (the caller drops it
+    /// after this returns) and check that it holds nothing up.
+    async fn after_polls(&self, done: bool, case: Case, polls: usize) -> bool {
+        if done || self.held.is_none() {
+            return done;
+        }
+        let what = format!("{case:?} kept after {polls} polls");
+        let started = Instant::now();
+        let mut probes = 0;
+        while started.elapsed() < KEPT_FOR {
+            let asked = Instant::now();
+            let probe = self.a.try_lock("probe", KEPT_TTL).await.unwrap();
+            assert!(probe.unwrap().release().await.unwrap(), "{what}");
+            assert!(
+                asked.elapsed() < Duration::from_millis(200),
+                "{what}: a lock and release took {:?}",
+                asked.elapsed()
+            );
+            probes += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(probes > 3, "{what}");
+        // The extend case holds its guard itself, an annotated body that
+        // runs holds its lock (renewed), and a release never polled still
+        // holds its guard: their key is not free.
+        let holds = matches!(case, Case::Extend | Case::Attribute)
+            || (polls == 0 && matches!(case, Case::Release | Case::ReleaseWithWaiter));
+        if !holds {
+            for client in [&self.a, &self.turns] {
+                let options = LockOptions::new(KEPT_TTL).wait(Duration::from_secs(3));
+                let again = client
+                    .lock_with(KEY, options)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: the key jammed: {e}"));
+                assert!(again.release().await.unwrap(), "{what}");
+            }
+        }
+        self.assert_held(&what);
+        false
+    }
+
+    /// In the kept variant, the lock held all along is still held.
+    fn assert_held(&self, what: &str) {
+        if let Some(held) = &self.held {
+            assert!(
+                !held.is_lost(),
+                "{what}: a lock of the same client was lost: {:?}",
+                held.loss_reason()
+            );
         }
     }
 
     /// Whether the key (or the second key of `lock_all`) is held anywhere.
     fn key_held(&self) -> bool {
+        // The in-memory store tells only how many locks it holds.
+        if let Backend::Memory(store) = &self.backend {
+            return store.held() > self.own(&self.a);
+        }
         [KEY, KEY2]
             .iter()
             .any(|key| self.backend.holds(&storage_key(PREFIX, key)))
+    }
+
+    /// What `client` itself holds all along: the kept variant's lock.
+    fn own(&self, client: &LockClient) -> usize {
+        usize::from(self.held.is_some() && std::ptr::eq(client, &self.a))
     }
 
     /// What a user relies on after a cancelled operation, with every guard
@@ -68,7 +155,7 @@ impl Fixture {
     async fn check(&self, what: &str) {
         for client in [&self.a, &self.turns] {
             let again = client
-                .lock_with(KEY, LockOptions::new(TTL).wait(Duration::from_secs(5)))
+                .lock_with(KEY, LockOptions::new(self.ttl).wait(Duration::from_secs(5)))
                 .await
                 .unwrap_or_else(|e| panic!("{what}: the key cannot be taken again: {e}"));
             assert!(again.release().await.unwrap(), "{what}: released");
@@ -76,9 +163,9 @@ impl Fixture {
         let started = Instant::now();
         loop {
             let clean = !self.key_held()
-                && [&self.a, &self.turns, &self.b]
-                    .iter()
-                    .all(|c| c.queued_keys() == 0 && c.heartbeats_running() == 0);
+                && [&self.a, &self.turns, &self.b].iter().all(|c| {
+                    c.queued_keys() == self.own(c) && c.heartbeats_running() == self.own(c)
+                });
             if clean {
                 return;
             }
@@ -205,20 +292,24 @@ async fn annotated(client: &LockClient) -> Result<(), LockError> {
 /// Runs `case` with a budget of `polls` polls; `true` when the operation
 /// completed within it (larger budgets test nothing new).
 async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
+    let ttl = fx.ttl;
     let mut poller = Poller::new();
-    let opts = LockOptions::new(TTL).wait(Duration::from_secs(10));
+    let opts = LockOptions::new(ttl).wait(Duration::from_secs(10));
     match case {
         Case::Lock => {
-            let op = pin!(fx.a.lock(KEY, TTL));
-            poller.poll(op, polls).await.is_some()
+            let op = pin!(fx.a.lock(KEY, ttl));
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::TryLock => {
-            let op = pin!(fx.a.try_lock(KEY, TTL));
-            poller.poll(op, polls).await.is_some()
+            let op = pin!(fx.a.try_lock(KEY, ttl));
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::LockFenced => {
             let op = pin!(fx.a.lock_with(KEY, opts.fencing(true)));
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::LockBehindHandOff | Case::LockBehindFencedHandOff | Case::LockBehindTurn => {
             let fenced = matches!(case, Case::LockBehindFencedHandOff);
@@ -227,34 +318,37 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
                 _ => &fx.a,
             };
             let holder = client
-                .lock_with(KEY, LockOptions::new(TTL).fencing(fenced))
+                .lock_with(KEY, LockOptions::new(ttl).fencing(fenced))
                 .await
                 .unwrap();
             let mut op = pin!(client.lock_with(KEY, opts.fencing(fenced)));
             let done = poller.poll(op.as_mut(), polls.min(1)).await.is_some();
             assert!(!done, "a waiter cannot finish while the key is held");
             holder.release().await.unwrap();
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::LockBehindOtherProcess => {
-            let holder = fx.b.lock(KEY, TTL).await.unwrap();
+            let holder = fx.b.lock(KEY, ttl).await.unwrap();
             let mut op = pin!(fx.a.lock_with(KEY, opts));
             let done = poller.poll(op.as_mut(), polls.min(1)).await.is_some();
             assert!(!done, "a waiter cannot finish while the key is held");
             holder.release().await.unwrap();
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::Release => {
-            let guard = fx.a.lock(KEY, TTL).await.unwrap();
+            let guard = fx.a.lock(KEY, ttl).await.unwrap();
             let op = pin!(guard.release());
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::ReleaseWithWaiter => {
-            let guard = fx.a.lock(KEY, TTL).await.unwrap();
+            let guard = fx.a.lock(KEY, ttl).await.unwrap();
             let client = fx.a.clone();
             let waiter = tokio::spawn(async move {
                 let next = client
-                    .lock_with(KEY, LockOptions::new(TTL).wait(Duration::from_secs(10)))
+                    .lock_with(KEY, LockOptions::new(ttl).wait(Duration::from_secs(10)))
                     .await;
                 next.unwrap().release().await.unwrap();
             });
@@ -263,7 +357,8 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
             tokio::task::yield_now().await;
             let done = {
                 let op = pin!(guard.release());
-                poller.poll(op, polls).await.is_some()
+                fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                    .await
             };
             tokio::time::timeout(Duration::from_secs(10), waiter)
                 .await
@@ -272,10 +367,11 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
             done
         }
         Case::Extend => {
-            let guard = fx.a.lock(KEY, TTL).await.unwrap();
+            let guard = fx.a.lock(KEY, ttl).await.unwrap();
             let done = {
                 let op = pin!(guard.extend(Duration::from_secs(20)));
-                poller.poll(op, polls).await.is_some()
+                fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                    .await
             };
             assert!(!guard.is_lost(), "a cancelled extend lost the lock");
             // Once polled, the extension to a shorter ttl may have reached
@@ -293,11 +389,13 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
         }
         Case::Attribute => {
             let op = pin!(annotated(&fx.a));
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::LockAll => {
             let op = pin!(fx.a.lock_all(&[KEY2, KEY], opts));
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::Shared | Case::Permit => {
             let opts = match case {
@@ -305,10 +403,11 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
                 _ => opts.permits(2),
             };
             let op = pin!(fx.a.lock_with(KEY, opts));
-            poller.poll(op, polls).await.is_some()
+            fx.after_polls(poller.poll(op, polls).await.is_some(), case, polls)
+                .await
         }
         Case::LockAllBehindOtherProcess | Case::SharedBehindOtherProcess => {
-            let holder = fx.b.lock(KEY, TTL).await.unwrap();
+            let holder = fx.b.lock(KEY, ttl).await.unwrap();
             let mut op = match case {
                 Case::LockAllBehindOtherProcess => {
                     Box::pin(fx.a.lock_all(&[KEY, KEY2], opts.clone()))
@@ -325,7 +424,9 @@ async fn run(fx: &Fixture, case: Case, polls: usize) -> bool {
                 "a waiter cannot finish while the key is held"
             );
             holder.release().await.unwrap();
-            done || poller.poll(op.as_mut(), polls).await.is_some()
+            done || fx
+                .after_polls(poller.poll(op.as_mut(), polls).await.is_some(), case, polls)
+                .await
         }
     }
 }
@@ -344,6 +445,7 @@ async fn every_case(fx: &Fixture, backend: &str) {
             assert!(polls < 200, "{backend}: {case:?} never completes");
         }
     }
+    fx.assert_held(backend);
 }
 
 #[tokio::test]
@@ -359,4 +461,19 @@ async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redis() {
 #[tokio::test]
 async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redlock() {
     every_case(&Fixture::on(Backend::redlock()).await, "redlock").await;
+}
+
+#[tokio::test]
+async fn operations_kept_unpolled_hold_nothing_up_in_memory() {
+    every_case(&Fixture::kept(Backend::memory()).await, "in-memory, kept").await;
+}
+
+#[tokio::test]
+async fn operations_kept_unpolled_hold_nothing_up_on_redis() {
+    every_case(&Fixture::kept(Backend::server()).await, "redis, kept").await;
+}
+
+#[tokio::test]
+async fn operations_kept_unpolled_hold_nothing_up_on_redlock() {
+    every_case(&Fixture::kept(Backend::redlock()).await, "redlock, kept").await;
 }

@@ -308,9 +308,16 @@ impl LockGuard {
             return Err(LockError::lost(self.key(), self.lease.loss_reason()));
         }
         let lease = &self.lease;
-        // Never closed, so acquiring fails only if that changes: then go
-        // ahead unserialised rather than fail the extension.
-        let _one = lease.renewing.acquire().await.ok();
+        // Only a shortening extension waits for the heartbeat's renewal in
+        // flight (which could otherwise land after it and lengthen the key
+        // again); a lengthening one only raises the expiry, as renewals do,
+        // and never keeps the heartbeat out: this future may be kept
+        // unpolled, and the lease must still be renewed. (Never closed, so
+        // acquiring fails only if that changes: then go ahead.)
+        let _one = match ttl < lease.ttl() {
+            true => lease.renewing.acquire().await.ok(),
+            false => None,
+        };
         let sent = Instant::now();
         let limit = self.client.op_timeout;
         let backend = &self.client.backend;

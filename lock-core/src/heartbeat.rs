@@ -373,6 +373,9 @@ impl Heartbeat {
 /// and a renewal there would wait with them.
 fn spawn_apart(task: impl Future<Output = ()> + Send + 'static) {
     let (sender, receiver) = std::sync::mpsc::channel();
+    // The thread reports (losses, failed renewals) to the subscriber of
+    // the code that started it, also a scoped one.
+    let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
     let started = std::thread::Builder::new()
         .name("lock-core-heartbeat".into())
         .spawn(move || {
@@ -380,13 +383,15 @@ fn spawn_apart(task: impl Future<Output = ()> + Send + 'static) {
                 Ok(task) => task,
                 Err(_) => return,
             };
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(task),
-                Err(err) => observe::heartbeat_unstarted(&err),
-            }
+            tracing::dispatcher::with_default(&dispatch, || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(task),
+                    Err(err) => observe::heartbeat_unstarted(&err),
+                }
+            });
         });
     let task: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(task);
     match started {
@@ -623,7 +628,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     schedule.last_round = now.saturating_duration_since(sent);
     let answered = answers
         .iter()
-        .filter(|a| !matches!(a, Renewal::Failed))
+        .filter(|a| !matches!(a, Renewal::Failed | Renewal::Refused))
         .count();
     if answered < answers.len() {
         schedule.cap.shrink_to(answered);
@@ -644,6 +649,10 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             }
             Renewal::Evicted => {
                 lease.mark_lost(LossReason::ForceReleased);
+                None
+            }
+            Renewal::Refused => {
+                lease.mark_lost(LossReason::Refused);
                 None
             }
             Renewal::Failed if now >= lease.valid_until() => {
@@ -680,7 +689,7 @@ async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<Re
                 Ok(false) => Renewal::NotOurs,
                 Err(e) => {
                     observe::renewal_failed(due.lease.key(), 1, &e);
-                    Renewal::Failed
+                    Renewal::failed(&e)
                 }
             }
         }
