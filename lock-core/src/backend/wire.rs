@@ -1079,6 +1079,11 @@ mod tests {
                 }
             });
             turn_taken.await.unwrap();
+            // A blocked worker may have left the runtime's timers and sockets
+            // to nobody (tokio serves them from a parked worker); a task
+            // spawned now wakes the other worker, as any other task of a
+            // busy service would. The heartbeat does not rely on this: it
+            // runs on a runtime of its own (`heartbeat.rs`).
             tokio::spawn(async {}).await.unwrap();
             let started = Instant::now();
             assert_eq!(echo(&wire, "free").await.unwrap(), "free");
