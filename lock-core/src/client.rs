@@ -1,20 +1,74 @@
 //! [`LockClient`]: the one way in.
 
+mod builder;
+mod operators;
+
+pub use builder::LockClientBuilder;
+pub use operators::{LockCursor, LockKind, LockPage, LockState};
+
+use crate::acquire;
 use crate::backend::{Backend, MemoryStore};
-use crate::builder::LockClientBuilder;
+use crate::client_state::{ClientInner, Settings};
 use crate::current;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::LockGuard;
-use crate::kinds;
 use crate::lease::{Lease, Scope};
 use crate::observe;
 use crate::options::{LockOptions, Mode};
-use crate::state::LockClient;
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
+
+/// A connection to where the locks live, shared by every task of a process.
+///
+/// Build one at startup with [`LockClient::builder`], then either install it
+/// with [`set_global_client`](crate::set_global_client) or pass it (by
+/// reference, `Arc` or clone: clones share one connection) to the code that
+/// locks. It is `Send + Sync`, and it keeps working when the tokio runtime it
+/// was built on has ended and another one uses it.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_core::LockError> {
+/// use std::time::Duration;
+///
+/// let client = lock_core::LockClient::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .key_prefix("myapp:lock:")
+///     .build()
+///     .await?;
+/// let guard = client.lock("order:42", Duration::from_secs(30)).await?;
+/// // ... only one holder across the fleet runs this ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.inner.backend.describe())
+            .field("prefix", &self.inner.prefix)
+            .field("default_ttl", &self.inner.default_ttl)
+            .field("default_wait", &self.inner.default_wait)
+            .field("operation_timeout", &self.inner.op_timeout)
+            .finish()
+    }
+}
+
+impl LockClient {
+    /// The client for checked settings and a backend.
+    pub(crate) fn assemble(settings: Settings, backend: Backend) -> LockClient {
+        LockClient {
+            inner: ClientInner::assemble(settings, backend),
+        }
+    }
+}
 
 impl LockClient {
     /// Starts configuring a client.
@@ -179,9 +233,9 @@ impl LockClient {
         let _waiting = observe::Waiting::start(label);
         let acquired = async {
             match options.mode {
-                Mode::Exclusive => self.acquire(key, options, &attempts).await,
+                Mode::Exclusive => self.inner.acquire_one(key, options, &attempts).await,
                 Mode::Shared | Mode::Permits(_) => {
-                    self.acquire_member(key, options, &attempts).await
+                    self.inner.acquire_shared(key, options, &attempts).await
                 }
             }
         };
@@ -238,7 +292,7 @@ impl LockClient {
                 "lock_all takes exclusive locks only: shared locks and permits are one key each",
             ));
         }
-        let keys = kinds::canonical(keys);
+        let keys = acquire::canonical(keys);
         let Some(&first) = keys.first() else {
             return Err(LockError::new(ErrorKind::InvalidKey)
                 .with_message("lock_all needs at least one key"));
@@ -262,6 +316,7 @@ impl LockClient {
         let label = options.label;
         let _waiting = observe::Waiting::start(label);
         let result = self
+            .inner
             .acquire_several(&keys, options, &attempts)
             .instrument(span.clone())
             .await;
@@ -339,9 +394,9 @@ impl LockClient {
         }
         if let (Scope::Member(held), Mode::Shared | Mode::Permits(_)) = (&lease.scope, options.mode)
         {
-            let asked = kinds::member_marker(options.mode);
+            let asked = acquire::shared_marker(options.mode);
             if held.marker != asked {
-                return Err(kinds::mismatch(&held.marker, &asked).with_key(key));
+                return Err(acquire::mismatch(&held.marker, &asked).with_key(key));
             }
         }
         if lease.is_lost() {

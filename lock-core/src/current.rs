@@ -2,8 +2,8 @@
 //! runs under ([`current_lock`]), and the locks a nested acquisition of the
 //! same key re-enters instead of waiting behind itself.
 
+use crate::client_state::ClientInner;
 use crate::lease::Lease;
-use crate::state::ClientInner;
 use std::future::Future;
 use std::sync::Arc;
 

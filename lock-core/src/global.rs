@@ -2,8 +2,8 @@
 //! process-wide one, set once at startup, unless a scope
 //! ([`with_default_client`], [`set_default_client`]) gives another.
 
+use crate::client::LockClient;
 use crate::error::{ErrorKind, LockError};
-use crate::state::LockClient;
 use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;

@@ -1,5 +1,6 @@
 //! [`LockGuard`]: proof of ownership, the loss signal, release and `Drop`.
 
+use crate::client_state::{ClientInner, spawn_release_lease};
 use crate::current::LockInfo;
 use crate::error::LockError;
 use crate::heartbeat::Enrolment;
@@ -7,7 +8,6 @@ use crate::hold::{self, Expiry};
 use crate::lease::{Lease, LossReason, MAX_DURATION, MIN_TTL, Part, Scope, renewal_due};
 use crate::observe;
 use crate::queue::{Front, HandedLease, Next, Owner, Taken, YIELD};
-use crate::state::{ClientInner, spawn_release_lease};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -92,18 +92,16 @@ mod hold;
 mod heartbeat;
 mod queue;
 
-mod state;
+mod client_state;
 
 mod current;
-mod global;
 mod guard;
 
 mod acquire;
-mod kinds;
 
-mod builder;
 mod client;
-mod inspect;
+
+mod global;
 
 #[doc(hidden)]
 pub mod __private {
@@ -114,7 +112,8 @@ mod private;
 
 pub use backend::MemoryStore;
 pub use backoff::Backoff;
-pub use builder::LockClientBuilder;
+pub use client::{LockClient, LockClientBuilder};
+pub use client::{LockCursor, LockKind, LockPage, LockState};
 pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, LossReason, NodeError, QuorumFailure, TimedOut};
 pub use global::{
@@ -122,11 +121,9 @@ pub use global::{
     set_global_client, with_default_client,
 };
 pub use guard::LockGuard;
-pub use inspect::{LockCursor, LockKind, LockPage, LockState};
 pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use options::LockOptions;
 pub use queue::HandoffBudget;
-pub use state::LockClient;
 pub use token::MAX_HOLDER_LEN;
 
 /// The README's Rust examples, compiled as doctests (those that need a live

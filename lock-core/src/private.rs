@@ -1,11 +1,11 @@
 //! What `#[distributed_lock]` expands to. **Not a stable API**: only the
 //! code the attribute generates may call it, and it changes without notice.
 
+use crate::client::LockClient;
 use crate::error::LockError;
 use crate::global::DefaultClient;
 use crate::guard::LockGuard;
 use crate::options::LockOptions;
-use crate::state::LockClient;
 use futures::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

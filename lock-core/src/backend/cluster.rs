@@ -1,8 +1,8 @@
 //! A Redis Cluster: one cluster connection that sends each command to the
 //! primary of its key's hash slot, with a bound on every call.
 
+use super::connection::{self, Failure, SharedConnection};
 use super::node::redact;
-use super::shared::{self, Failure, Shared};
 use super::{LockKeys, MinReplicas, Several};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::token::Token;
@@ -18,7 +18,7 @@ use std::time::Duration;
 /// `<prefix>{<key>}:fence`), so the `redis` crate routes it to that slot's
 /// primary and follows `MOVED`/`ASK` redirections and topology changes
 /// (a failover) by itself. As with [`Node`](super::Node), the connection is
-/// replaced as [`Shared`] says: when a call times out and when the runtime
+/// replaced as [`SharedConnection`] says: when a call times out and when the runtime
 /// that drives it has shut down.
 pub(crate) struct ClusterNode {
     client: ClusterClient,
@@ -28,7 +28,7 @@ pub(crate) struct ClusterNode {
     addr: String,
     /// Never set: `WAIT` is refused for a cluster by the builder.
     pub(crate) min_replicas: Option<MinReplicas>,
-    shared: Shared<ClusterConnection>,
+    connection: SharedConnection<ClusterConnection>,
 }
 
 impl ClusterNode {
@@ -92,7 +92,7 @@ impl ClusterNode {
             seeds,
             addr: format!("cluster[{}]", hosts.join(", ")),
             min_replicas: None,
-            shared: Shared::new(connect_timeout, connect_error),
+            connection: SharedConnection::new(connect_timeout, connect_error),
         })
     }
 
@@ -104,7 +104,7 @@ impl ClusterNode {
             seeds: self.seeds.clone(),
             addr: self.addr.clone(),
             min_replicas: self.min_replicas,
-            shared: self.shared.twin(),
+            connection: self.connection.twin(),
         }
     }
 
@@ -136,7 +136,7 @@ impl ClusterNode {
     {
         let failure = |e: redis::RedisError| {
             if e.is_unrecoverable_error() {
-                shared::lost(&self.addr, e)
+                connection::lost(&self.addr, e)
             } else {
                 Failure::Answer(from_redis(e))
             }
@@ -145,7 +145,7 @@ impl ClusterNode {
             let client = self.client.clone();
             async move { client.get_async_connection().await }
         };
-        self.shared
+        self.connection
             .call(&self.addr, limit, retry_on_drop, open, failure, f)
             .await
     }

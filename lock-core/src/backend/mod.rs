@@ -3,11 +3,11 @@
 
 mod cluster;
 mod commands;
+mod connection;
 mod memory;
 mod node;
 mod operators;
 mod quorum;
-mod shared;
 mod wakeup;
 mod wire;
 

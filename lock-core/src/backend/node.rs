@@ -1,7 +1,7 @@
 //! One Redis server: a shared pipelined connection that reconnects, with a
 //! bound on every call.
 
-use super::shared::{self, Failure, Shared};
+use super::connection::{self, Failure, SharedConnection};
 use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
@@ -15,7 +15,7 @@ use std::time::Duration;
 /// A Redis server and the one connection all locks share to it.
 ///
 /// Many concurrent commands are pipelined over the connection's one socket.
-/// It is replaced as [`Shared`] says: when it breaks, times out, or its
+/// It is replaced as [`SharedConnection`] says: when it breaks, times out, or its
 /// runtime has shut down.
 ///
 /// A node may also stand for "whichever server the Sentinels name primary"
@@ -29,7 +29,7 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// `WAIT n timeout` after each acquisition, when set.
     pub(crate) min_replicas: Option<MinReplicas>,
-    shared: Shared<Conn>,
+    connection: SharedConnection<Conn>,
 }
 
 /// A connection to a node's server.
@@ -112,13 +112,13 @@ impl Target {
     /// crate's connection they load on first use (`NOSCRIPT`, see
     /// `scripts.rs`).
     ///
-    /// Bounded as a whole by the connect timeout, in [`Shared`]. A
+    /// Bounded as a whole by the connect timeout, in [`SharedConnection`]. A
     /// Sentinel client is built afresh each time (see
     /// [`SentinelTarget::client`]).
     async fn open(self, connect_timeout: Duration) -> redis::RedisResult<Conn> {
         // No response timeout inside the redis crate (its default is
         // 500 ms): every call is bounded by the caller's limit (the
-        // operation or node timeout) in `Shared::call`, which also replaces
+        // operation or node timeout) in `SharedConnection::call`, which also replaces
         // a connection that stopped answering. A second timer per call would
         // cost time and could cut a call short of the configured bound.
         let config = redis::AsyncConnectionConfig::new()
@@ -260,7 +260,7 @@ impl Node {
             addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
             connect_timeout,
             min_replicas: None,
-            shared: Shared::new(connect_timeout, connect_error),
+            connection: SharedConnection::new(connect_timeout, connect_error),
         })
     }
 
@@ -272,7 +272,7 @@ impl Node {
             addr,
             connect_timeout,
             min_replicas: None,
-            shared: Shared::new(connect_timeout, connect_error),
+            connection: SharedConnection::new(connect_timeout, connect_error),
         }
     }
 
@@ -298,7 +298,7 @@ impl Node {
             addr: self.addr.clone(),
             connect_timeout: self.connect_timeout,
             min_replicas: self.min_replicas,
-            shared: self.shared.twin(),
+            connection: self.connection.twin(),
         }
     }
 
@@ -339,11 +339,11 @@ impl Node {
                 );
             }
             if e.is_connection_dropped() || e.is_unrecoverable_error() {
-                return shared::lost(&self.addr, e);
+                return connection::lost(&self.addr, e);
             }
             Failure::Answer(from_redis(e))
         };
-        self.shared
+        self.connection
             .call(
                 &self.addr,
                 limit,

@@ -2,10 +2,11 @@
 //! are held ([`LockClient::list`]), and breaking a stuck one
 //! ([`LockClient::force_release`]). See `docs/operating.md`.
 
+use super::LockClient;
 use crate::backend::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
+use crate::client_state::ClientInner;
 use crate::error::{ErrorKind, LockError};
 use crate::observe;
-use crate::state::{ClientInner, LockClient};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! What a client is: the state its clones share, and the release that runs
+//! What every clone of a [`LockClient`](crate::LockClient) shares: its
+//! backend, settings, heartbeat and wait queues; and the release that runs
 //! in the background when nobody can wait for it.
 
 use crate::backend::{Backend, Wakeups};
@@ -9,38 +10,10 @@ use crate::hold::{self, Expiry};
 use crate::lease::{Lease, MAX_KEY_LEN, Scope};
 use crate::queue::{HandoffBudget, PassOn, Queues};
 use crate::token::{Holder, Token, local_now_ms};
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// A connection to where the locks live, shared by every task of a process.
-///
-/// Build one at startup with [`LockClient::builder`], then either install it
-/// with [`set_global_client`](crate::set_global_client) or pass it (by
-/// reference, `Arc` or clone: clones share one connection) to the code that
-/// locks. It is `Send + Sync`, and it keeps working when the tokio runtime it
-/// was built on has ended and another one uses it.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), lock_core::LockError> {
-/// use std::time::Duration;
-///
-/// let client = lock_core::LockClient::builder()
-///     .url("redis://127.0.0.1:6379")
-///     .key_prefix("myapp:lock:")
-///     .build()
-///     .await?;
-/// let guard = client.lock("order:42", Duration::from_secs(30)).await?;
-/// // ... only one holder across the fleet runs this ...
-/// guard.release().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct LockClient {
-    pub(crate) inner: Arc<ClientInner>,
-}
 
 /// What every clone of a client shares.
 pub(crate) struct ClientInner {
@@ -62,18 +35,6 @@ pub(crate) struct ClientInner {
     pub(crate) wakeups: Wakeups,
 }
 
-impl fmt::Debug for LockClient {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockClient")
-            .field("backend", &self.inner.backend.describe())
-            .field("prefix", &self.inner.prefix)
-            .field("default_ttl", &self.inner.default_ttl)
-            .field("default_wait", &self.inner.default_wait)
-            .field("operation_timeout", &self.inner.op_timeout)
-            .finish()
-    }
-}
-
 /// The settings every client has, whatever its backend.
 pub(crate) struct Settings {
     pub(crate) prefix: String,
@@ -85,37 +46,32 @@ pub(crate) struct Settings {
     pub(crate) handoff: HandoffBudget,
 }
 
-impl LockClient {
-    /// The client for checked settings and a backend.
-    pub(crate) fn assemble(settings: Settings, backend: Backend) -> LockClient {
+impl ClientInner {
+    /// The shared state of a client of checked settings and a backend.
+    pub(crate) fn assemble(settings: Settings, backend: Backend) -> Arc<ClientInner> {
         let wakeups = backend.wakeups();
         let backend = Arc::new(backend);
         let renewals = match backend.is_remote() {
             true => Arc::new(backend.twin()),
             false => backend.clone(),
         };
-        let client = LockClient {
-            inner: Arc::new(ClientInner {
-                backend,
-                renewals,
-                queues: Queues::default(),
-                handoff: settings.handoff,
-                wakeups,
-                holder: Arc::new(Holder::new(&settings.holder)),
-                prefix: settings.prefix,
-                default_ttl: settings.default_ttl,
-                default_wait: settings.default_wait,
-                op_timeout: settings.op_timeout,
-                backoff: settings.backoff,
-                heartbeat: Arc::new(Heartbeat::new(settings.op_timeout)),
-            }),
-        };
-        let weak: std::sync::Weak<ClientInner> = Arc::downgrade(&client.inner);
-        client
-            .inner
-            .queues
-            .serve(weak as std::sync::Weak<dyn PassOn>);
-        client
+        let inner = Arc::new(ClientInner {
+            backend,
+            renewals,
+            queues: Queues::default(),
+            handoff: settings.handoff,
+            wakeups,
+            holder: Arc::new(Holder::new(&settings.holder)),
+            prefix: settings.prefix,
+            default_ttl: settings.default_ttl,
+            default_wait: settings.default_wait,
+            op_timeout: settings.op_timeout,
+            backoff: settings.backoff,
+            heartbeat: Arc::new(Heartbeat::new(settings.op_timeout)),
+        });
+        let weak: std::sync::Weak<ClientInner> = Arc::downgrade(&inner);
+        inner.queues.serve(weak as std::sync::Weak<dyn PassOn>);
+        inner
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-pub(crate) struct Shared<C> {
+pub(crate) struct SharedConnection<C> {
     state: Arc<State<C>>,
     /// The error for a connection that could not be opened, in the words
     /// of the caller's messages (a refused login, a failed TLS handshake,
@@ -180,19 +180,19 @@ where
     reporter.report(outcome);
 }
 
-impl<C: Clone + Send + Sync + 'static> Shared<C> {
+impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
     /// A connection of its own to the same place, with the same settings:
     /// nothing is shared with `self`, the connection included (opened on
     /// its first call, on the caller's runtime).
-    pub(crate) fn twin(&self) -> Shared<C> {
-        Shared::new(self.state.connect_timeout, self.refused)
+    pub(crate) fn twin(&self) -> SharedConnection<C> {
+        SharedConnection::new(self.state.connect_timeout, self.refused)
     }
 
     pub(crate) fn new(
         connect_timeout: Duration,
         refused: fn(&str, redis::RedisError) -> LockError,
-    ) -> Shared<C> {
-        Shared {
+    ) -> SharedConnection<C> {
+        SharedConnection {
             state: Arc::new(State {
                 connect_timeout,
                 current: ArcSwapOption::empty(),
@@ -390,7 +390,7 @@ mod tests {
 
     /// A connection is a number here; `opens` counts the attempts.
     struct Fixture {
-        shared: Shared<u32>,
+        connection: SharedConnection<u32>,
         opens: Arc<AtomicUsize>,
     }
 
@@ -400,7 +400,7 @@ mod tests {
                 from_redis(e).with_message(format!("refused by {addr}"))
             };
             Fixture {
-                shared: Shared::new(connect_timeout, refused),
+                connection: SharedConnection::new(connect_timeout, refused),
                 opens: Arc::default(),
             }
         }
@@ -415,7 +415,9 @@ mod tests {
             let open = || open(opens.fetch_add(1, Ordering::Relaxed));
             let failure = |e| Failure::Answer(from_redis(e));
             let f = |conn: u32| async move { Ok(conn) };
-            self.shared.call(ADDR, limit, false, open, failure, f).await
+            self.connection
+                .call(ADDR, limit, false, open, failure, f)
+                .await
         }
 
         fn opens(&self) -> usize {

@@ -1,36 +1,29 @@
-//! The lock kinds beyond one exclusive key: several keys at once
-//! ([`LockClient::lock_all`]), shared holders and permits
-//! ([`LockOptions::shared`], [`LockOptions::permits`]). Each is an
-//! acquisition of its own built from the same steps as the plain lock's
-//! (`acquire.rs`): the request, this process's queues, and the loop of
-//! attempts woken by release messages.
+//! Several keys at once, exclusively, all or none
+//! ([`LockClient::lock_all`](crate::LockClient::lock_all)).
 
-use crate::acquire::{Contender, Lost, MayHold, MayHoldKeys, Request, Won, fence_key, writer_key};
-use crate::backend::Backend;
-use crate::backend::{Joined, LockKeys, Several, no_members_on_redlock};
+use super::{Contender, Lost, MayHold, MayHoldKeys, Request, Won, fence_key, writer_key};
+use crate::backend::{LockKeys, Several};
+use crate::client_state::{ClientInner, spawn_release};
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::member_keys;
-use crate::lease::{Membership, Part, Scope, validity_end};
+use crate::lease::{Part, Scope, validity_end};
 use crate::options::{LockOptions, Mode};
 use crate::queue::{Front, Handoff};
-use crate::state::{ClientInner, LockClient, spawn_release};
 use crate::token::Token;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 use tokio::time::Instant;
-
-impl LockClient {
+impl ClientInner {
     /// Several keys, exclusively, all or none: `keys` already in canonical
     /// order, without duplicates, at least two.
     pub(crate) async fn acquire_several(
-        &self,
+        self: &Arc<Self>,
         keys: &[&str],
         options: LockOptions,
         attempts: &AtomicU32,
     ) -> Result<LockGuard, LockError> {
-        let inner = &self.inner;
+        let inner = self;
         if options.mode != Mode::Exclusive {
             return Err(LockError::options(
                 "lock_all takes exclusive locks only: shared locks and permits are one key each",
@@ -89,69 +82,22 @@ impl LockClient {
     /// What the task ahead handed over to a lock on several keys: a lease
     /// of one key under another token is released (this lock needs its own
     /// token on every key), a turn after a spent budget waits its pause.
-    async fn free_handoff(&self, key: &Arc<str>, handoff: Option<Handoff>, deadline: Instant) {
+    async fn free_handoff(
+        self: &Arc<Self>,
+        key: &Arc<str>,
+        handoff: Option<Handoff>,
+        deadline: Instant,
+    ) {
         match handoff {
             Some(Handoff::Lease(handed, _)) => {
                 let until = handed.valid_until;
-                spawn_release(self.inner.clone(), key.clone(), handed.token, None, until);
+                spawn_release(self.clone(), key.clone(), handed.token, None, until);
             }
             Some(Handoff::Free { after, .. }) if after > Duration::ZERO => {
                 tokio::time::sleep_until(deadline.min(Instant::now() + after)).await;
             }
             _ => {}
         }
-    }
-
-    /// A shared holder or a permit of `key`: no queue in this process (its
-    /// holders do not wait for one another), one attempt after another in
-    /// Redis until admitted or the wait runs out.
-    pub(crate) async fn acquire_member(
-        &self,
-        key: &str,
-        options: LockOptions,
-        attempts: &AtomicU32,
-    ) -> Result<LockGuard, LockError> {
-        let inner = &self.inner;
-        if let Backend::Redlock(_) = *inner.backend {
-            return Err(no_members_on_redlock().with_key(key));
-        }
-        if options.fencing {
-            return Err(LockError::options(
-                "fencing tokens order exclusive holders, one after another; shared holders \
-                 and permits hold at the same time and have none",
-            )
-            .with_key(key));
-        }
-        let request = self.request(key, &options)?;
-        let (marker, limit) = (
-            member_marker(options.mode),
-            match options.mode {
-                Mode::Permits(n) => n,
-                _ => 0,
-            },
-        );
-        let membership = Membership {
-            holders: holders_key(&request.storage_key),
-            writer: writer_key(&request.storage_key),
-            marker,
-            limit,
-        };
-        let mut member = Member {
-            inner,
-            request: &request,
-            membership: &membership,
-        };
-        let Won(token, (), sent) = self
-            .contend_with(&request, &mut member, &[], attempts)
-            .await?;
-        let lease = request
-            .lease(token, None, validity_end(sent, request.ttl))
-            .with_scope(Scope::Member(Box::new(membership)));
-        Ok(LockGuard::member(
-            inner.clone(),
-            lease,
-            request.renewal(sent),
-        ))
     }
 }
 
@@ -208,83 +154,6 @@ impl Contender for SeveralKeys<'_, '_> {
     fn listen_on(&self) -> &Arc<str> {
         &self.keys[self.busy]
     }
-}
-
-/// Attempts of a shared holder or a permit.
-struct Member<'a, 'k> {
-    inner: &'a Arc<ClientInner>,
-    request: &'a Request<'k>,
-    membership: &'a Membership,
-}
-
-impl Contender for Member<'_, '_> {
-    type Won = Won<()>;
-
-    async fn attempt(&mut self, _retry: bool) -> Result<Self::Won, Lost> {
-        let (inner, request) = (self.inner, self.request);
-        let what = MayHoldKeys::Member(self.membership);
-        let held = MayHold::of(
-            inner,
-            &request.storage_key,
-            what,
-            Token::generate(),
-            request.ttl,
-        );
-        let keys = member_keys(&request.storage_key, self.membership);
-        let limit = request.limit(inner.op_timeout);
-        let sent = Instant::now();
-        let outcome = inner
-            .backend
-            .member_acquire(&keys, held.token(), request.ttl, limit)
-            .await;
-        match outcome {
-            Ok(Joined::Granted) => Ok(Won(held.keep(), (), sent)),
-            Ok(Joined::Busy { left }) => {
-                held.keep();
-                Err(Lost::Busy(left))
-            }
-            Ok(Joined::Mismatch(found)) => {
-                held.keep();
-                Err(Lost::Fail(mismatch(&found, &self.membership.marker)))
-            }
-            Err(e) => Err(Lost::from_error(e)),
-        }
-    }
-
-    fn listen_on(&self) -> &Arc<str> {
-        &self.request.storage_key
-    }
-}
-
-/// The error for a holder asking for another kind than the key is held as.
-pub(crate) fn mismatch(found: &str, asked: &str) -> LockError {
-    let says = |marker: &str| match marker.strip_prefix("permits:") {
-        Some(n) => format!("with {n} permits"),
-        None => "shared".to_owned(),
-    };
-    LockError::options(format!(
-        "the key is held {}, and this asked for it {}: every holder of a key must \
-         ask for the same kind of lock (and the same number of permits)",
-        says(found),
-        says(asked),
-    ))
-}
-
-/// What the lock key of a shared lock (`shared`) or of permits
-/// (`permits:N`) holds while it has holders.
-pub(crate) fn member_marker(mode: Mode) -> String {
-    match mode {
-        Mode::Permits(n) => format!("permits:{n}"),
-        _ => "shared".to_owned(),
-    }
-}
-
-/// The holder set of a lock; shares its hash slot.
-fn holders_key(storage_key: &str) -> String {
-    let mut out = String::with_capacity(storage_key.len() + 8);
-    out.push_str(storage_key);
-    out.push_str(":holders");
-    out
 }
 
 /// The keys in canonical order: sorted, each once.

@@ -1,12 +1,13 @@
 //! [`LockClientBuilder`]: every setting of a client, checked when it is
 //! built.
 
+use super::LockClient;
 use crate::backend::{Backend, ClusterNode, MemoryStore, MinReplicas, Node, Quorum, redact};
 use crate::backoff::Backoff;
+use crate::client_state::Settings;
 use crate::error::{ErrorKind, LockError};
 use crate::lease::{MAX_KEY_LEN, MIN_TTL, check_duration};
 use crate::queue::HandoffBudget;
-use crate::state::{LockClient, Settings};
 use crate::token::{MAX_HOLDER_LEN, default_holder_name};
 use std::time::Duration;
 

@@ -1,9 +1,11 @@
-//! The acquisition of a lock, in named steps: join this process's wait
-//! queue for the key; take over a lease handed over by the task ahead; or
-//! contend for the key in Redis, woken by release messages, until the wait
-//! runs out.
+//! The acquisition of a lock, by kind: one exclusive key (`one_key.rs`),
+//! several keys at once (`several_keys.rs`), a shared holder or a permit
+//! (`shared.rs`). Each is built from the steps here: the request, this
+//! process's wait queues, and the loop of attempts woken by release
+//! messages until the wait runs out.
 
-use crate::backend::{Attempt, LockKeys, Subscription};
+use crate::backend::{LockKeys, Subscription};
+use crate::client_state::{ClientInner, spawn_release, spawn_release_scope};
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{LockGuard, Renewal};
 use crate::lease::{
@@ -11,50 +13,28 @@ use crate::lease::{
 };
 use crate::observe;
 use crate::options::LockOptions;
-use crate::queue::{
-    Front, HandedLease, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD,
-};
-use crate::state::{ClientInner, LockClient, spawn_release, spawn_release_scope};
+use crate::queue::{Front, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD};
 use crate::token::{Holder, Token};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-impl LockClient {
-    pub(crate) async fn acquire(
-        &self,
-        key: &str,
-        options: LockOptions,
-        attempts: &AtomicU32,
-    ) -> Result<LockGuard, LockError> {
-        let request = self.request(key, &options)?;
-        let inner = &self.inner;
-        let (owner, handoff) = self.join_queue(&request).await?;
-        let front = Front::new(&inner.queues, &request.storage_key, owner);
-        let front = match handoff {
-            Some(Handoff::Lease(handed, _)) => {
-                match self.take_over(&request, handed, front).await {
-                    Ok(guard) => return Ok(guard),
-                    Err(front) => front,
-                }
-            }
-            Some(Handoff::Free { after, .. }) if after > Duration::ZERO => {
-                tokio::time::sleep_until(request.deadline.min(Instant::now() + after)).await;
-                front
-            }
-            _ => front,
-        };
-        self.contend(&request, front, attempts).await
-    }
+mod one_key;
+mod several_keys;
+mod shared;
 
+pub(crate) use several_keys::canonical;
+pub(crate) use shared::{mismatch, shared_marker};
+
+impl ClientInner {
     /// Checks `options` and works out what an acquisition of `key` needs.
     pub(crate) fn request<'k>(
-        &self,
+        self: &Arc<Self>,
         key: &'k str,
         options: &LockOptions,
     ) -> Result<Request<'k>, LockError> {
-        let inner = &self.inner;
+        let inner = self;
         let ttl = options.ttl;
         let wait = options
             .check(inner.default_wait)
@@ -80,28 +60,16 @@ impl LockClient {
         })
     }
 
-    /// Joins this process's wait queue for the key: returns once this task
-    /// is first, with what was handed over to it, if anything.
-    async fn join_queue(
-        &self,
-        request: &Request<'_>,
-    ) -> Result<(Owner, Option<Handoff>), LockError> {
-        // First in the queue, the task makes its first attempt at once.
-        let until = Instant::now() + request.limit(self.inner.op_timeout);
-        self.join_queue_of(&request.storage_key, request, until)
-            .await
-    }
-
     /// [`join_queue`](Self::join_queue) for one of the request's keys:
     /// first in the queue, the task promises to act by `until` (see
     /// [`Front::promise`]).
     pub(crate) async fn join_queue_of(
-        &self,
+        self: &Arc<Self>,
         key: &Arc<str>,
         request: &Request<'_>,
         until: Instant,
     ) -> Result<(Owner, Option<Handoff>), LockError> {
-        let inner = &self.inner;
+        let inner = self;
         let wait = request.deadline > request.started;
         loop {
             let position = inner
@@ -129,96 +97,19 @@ impl LockClient {
         }
     }
 
-    /// Takes over a lease the task ahead handed to this one. `Err(front)`:
-    /// it could not be taken over (expired, lost, or not transferable) and
-    /// was let go; acquire the key afresh.
-    async fn take_over<'a>(
-        &self,
-        request: &Request<'_>,
-        handed: HandedLease,
-        front: Front<'a>,
-    ) -> Result<LockGuard, Front<'a>> {
-        let inner = &self.inner;
-        let ttl = request.ttl;
-        let now = Instant::now();
-        if request.renew && request.fence_key.is_none() && now + MIN_TTL < handed.valid_until {
-            // Nothing to change in Redis now: the lease stays as it is, and
-            // the heartbeat sets it to our ttl when it is due (at once if
-            // our ttl is the longer).
-            let renew_at = handed
-                .valid_until
-                .checked_sub(ttl)
-                .map_or(now, |start| renewal_due(start, ttl))
-                .max(now);
-            let lease = request.lease(handed.token, None, handed.valid_until);
-            return Ok(LockGuard::new(
-                inner.clone(),
-                lease,
-                Renewal::From(renew_at),
-                front,
-                Taken::HandedOver,
-            ));
-        }
-        let sent = Instant::now();
-        if sent >= handed.valid_until {
-            spawn_release(
-                inner.clone(),
-                request.storage_key.clone(),
-                handed.token,
-                None,
-                handed.valid_until,
-            );
-            return Err(front);
-        }
-        // Until the answer is in, the lease is this task's to let go: if the
-        // call is cancelled, it is released in the background.
-        let held = MayHold::new(inner, &request.storage_key, handed.token, request.ttl);
-        let limit = request.limit(inner.op_timeout);
-        front.promise(Instant::now() + limit);
-        let taken = inner
-            .backend
-            .take_over(request.keys(None, None), held.token(), ttl, limit)
-            .await;
-        let Ok(Some(Attempt::Granted { fence })) = taken else {
-            return Err(front);
-        };
-        Ok(request.guard(inner, held.keep(), fence, sent, front, Taken::HandedOver))
-    }
-
-    /// Acquires the key in Redis, first in this process's queue: one
-    /// attempt, then, while the key is held elsewhere, more attempts woken
-    /// by its release message or the backoff timer, until the wait runs out.
-    async fn contend(
-        &self,
-        request: &Request<'_>,
-        front: Front<'_>,
-        attempts: &AtomicU32,
-    ) -> Result<LockGuard, LockError> {
-        let mut one = OneKey {
-            inner: &self.inner,
-            request,
-            writer: None,
-        };
-        let fronts = std::slice::from_ref(&front);
-        let Won(token, fence, sent) = self
-            .contend_with(request, &mut one, fronts, attempts)
-            .await?;
-        Ok(request.guard(&self.inner, token, fence, sent, front, Taken::FromRedis))
-    }
-
     /// The loop of attempts every kind of lock shares: one attempt, then,
     /// while the key is held elsewhere, more attempts woken by the release
     /// message of the key found held or by the backoff timer, until the wait
     /// runs out. Before each step it promises, as first in the queues of
     /// `fronts`, when it will act next.
     pub(crate) async fn contend_with<C: Contender>(
-        &self,
+        self: &Arc<Self>,
         request: &Request<'_>,
         contender: &mut C,
         fronts: &[Front<'_>],
         attempts: &AtomicU32,
     ) -> Result<C::Won, LockError> {
-        let inner = &self.inner;
+        let inner = self;
         let promise = |wait: Duration| {
             let until = Instant::now() + wait;
             fronts.iter().for_each(|front| front.promise(until));
@@ -307,8 +198,8 @@ impl LockClient {
     /// what is left of the acquisition's bound: when that is less than half
     /// a call's bound, the check is left out rather than cut so short that
     /// its timeout would take a healthy connection for a dead one).
-    async fn contended_or_foreign(&self, request: &Request<'_>) -> LockError {
-        let inner = &self.inner;
+    async fn contended_or_foreign(self: &Arc<Self>, request: &Request<'_>) -> LockError {
+        let inner = self;
         let waited = request.started.elapsed();
         let limit = request.limit(inner.op_timeout);
         let storage_key = &request.storage_key;
@@ -440,64 +331,6 @@ pub(crate) trait Contender {
     /// The key whose release may end the wait: the one the last attempt
     /// found held.
     fn listen_on(&self) -> &Arc<str>;
-}
-
-/// Attempts on one exclusive key.
-struct OneKey<'a, 'k> {
-    inner: &'a Arc<ClientInner>,
-    request: &'a Request<'k>,
-    /// The key's writer mark, made at the first retry.
-    writer: Option<String>,
-}
-
-impl Contender for OneKey<'_, '_> {
-    type Won = Won;
-
-    /// One attempt with a token of its own: a late answer to an earlier
-    /// attempt (or its undo) can never touch a later one's key.
-    async fn attempt(&mut self, retry: bool) -> Result<Won, Lost> {
-        let (inner, request) = (self.inner, self.request);
-        if retry && self.writer.is_none() {
-            self.writer = Some(writer_key(&request.storage_key));
-        }
-        // Should this future be dropped before the answer is in, the SET may
-        // still be applied: the token is then released in the background.
-        let held = MayHold::new(inner, &request.storage_key, Token::generate(), request.ttl);
-        let limit = request.limit(inner.op_timeout);
-        let sent = Instant::now();
-        let writer = self
-            .writer
-            .as_deref()
-            .map(|w| (w, request.writer_for(inner)));
-        // Every backend bounds the call by `limit` as a whole.
-        let outcome = inner
-            .backend
-            .acquire(
-                request.keys(writer, Some(&inner.holder)),
-                held.token(),
-                request.ttl,
-                limit,
-            )
-            .await;
-        match outcome {
-            Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
-            Ok(Attempt::Busy { left, foreign }) => {
-                held.keep();
-                Err(if foreign {
-                    Lost::Foreign(left)
-                } else {
-                    Lost::Busy(left)
-                })
-            }
-            // The SET may have been applied with its answer lost: `held`
-            // releases that token as it goes.
-            Err(e) => Err(Lost::from_error(e)),
-        }
-    }
-
-    fn listen_on(&self) -> &Arc<str> {
-        &self.request.storage_key
-    }
 }
 
 /// Why an attempt did not win.
