@@ -55,9 +55,9 @@ pub(crate) static ALL: [&Lua; 14] = [
     &TAKE_OVER,
     &ACQUIRE,
     &ACQUIRE_ALL,
-    &MEMBER_ACQUIRE,
-    &MEMBER_RELEASE,
-    &MEMBER_RENEW,
+    &SHARED_ACQUIRE,
+    &SHARED_RELEASE,
+    &SHARED_RENEW,
     &INSPECT,
     &FORCE_RELEASE,
 ];
@@ -600,7 +600,7 @@ return answer"#
 /// held with another marker (shared against permits, or another N): an
 /// error for the caller, never a wait. Expired holders are pruned first: a
 /// crashed holder's permit comes back when its lease runs out.
-pub(crate) static MEMBER_ACQUIRE: Lua = lua!(concat!(
+pub(crate) static SHARED_ACQUIRE: Lua = lua!(concat!(
     lua_read!(),
     lua_members!(),
     r#"local ok, held = read(KEYS[1])
@@ -638,7 +638,7 @@ return {1, 0}"#
 /// marker. Returns 1 when the holder was still in the set and unexpired, 0
 /// otherwise. The marker's expiry shrinks to the longest remaining holder's,
 /// and goes with the last one.
-pub(crate) static MEMBER_RELEASE: Lua = lua!(concat!(
+pub(crate) static SHARED_RELEASE: Lua = lua!(concat!(
     lua_read!(),
     lua_members!(),
     r#"local ok, held = read(KEYS[1])
@@ -667,7 +667,7 @@ return ours"#
 /// `ARGV[3i]` token, `ARGV[3i+1]` ttl in milliseconds. Returns an array: 1
 /// where the holder is still in its set and unexpired, 0 where not (it is
 /// then removed).
-pub(crate) static MEMBER_RENEW: Lua = lua!(concat!(
+pub(crate) static SHARED_RENEW: Lua = lua!(concat!(
     lua_read!(),
     lua_members!(),
     r#"local now = clock_ms()

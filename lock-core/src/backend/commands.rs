@@ -414,7 +414,7 @@ macro_rules! lock_commands {
             }
 
             /// A shared holder or a permit joins the key's holder set (see
-            /// [`scripts::MEMBER_ACQUIRE`]).
+            /// [`scripts::SHARED_ACQUIRE`]).
             pub(crate) async fn member_acquire(
                 &self,
                 keys: &MemberKeys<'_>,
@@ -424,7 +424,7 @@ macro_rules! lock_commands {
             ) -> Result<Joined, LockError> {
                 let answer: (i64, redis::Value) = self
                     .call(limit, false, |mut conn| {
-                        let mut inv = Eval::new(&scripts::MEMBER_ACQUIRE, 3);
+                        let mut inv = Eval::new(&scripts::SHARED_ACQUIRE, 3);
                         inv.key(keys.lock)
                             .key(keys.holders)
                             .key(keys.writer)
@@ -459,7 +459,7 @@ macro_rules! lock_commands {
             ) -> Result<bool, LockError> {
                 let released: i64 = self
                     .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::MEMBER_RELEASE, 2);
+                        let mut inv = Eval::new(&scripts::SHARED_RELEASE, 2);
                         inv.key(keys.lock)
                             .key(keys.holders)
                             .arg(token)
@@ -480,7 +480,7 @@ macro_rules! lock_commands {
             ) -> Result<Vec<bool>, LockError> {
                 let calls = holders.chunks(BATCH).map(|chunk| {
                     self.call(limit, true, move |mut conn| {
-                        let mut inv = Eval::new(&scripts::MEMBER_RENEW, 2 * chunk.len());
+                        let mut inv = Eval::new(&scripts::SHARED_RENEW, 2 * chunk.len());
                         for h in chunk {
                             inv.key(h.keys.lock).key(h.keys.holders);
                         }

@@ -240,7 +240,7 @@ impl MemoryStore {
         Several::Granted(fences)
     }
 
-    /// A shared holder or a permit joins, as `scripts::MEMBER_ACQUIRE` does.
+    /// A shared holder or a permit joins, as `scripts::SHARED_ACQUIRE` does.
     pub(crate) fn member_acquire(
         &self,
         keys: &MemberKeys<'_>,
