@@ -382,7 +382,7 @@ impl LockClient {
             )
             .with_key(key));
         }
-        if lease.is_member() && options.mode == Mode::Exclusive {
+        if lease.is_shared() && options.mode == Mode::Exclusive {
             return Err(LockError::new(ErrorKind::WouldDeadlock)
                 .with_key(key)
                 .with_message(
@@ -392,7 +392,7 @@ impl LockClient {
                      exclusive",
                 ));
         }
-        if let (Scope::Member(held), Mode::Shared | Mode::Permits(_)) = (&lease.scope, options.mode)
+        if let (Scope::Shared(held), Mode::Shared | Mode::Permits(_)) = (&lease.scope, options.mode)
         {
             let asked = acquire::shared_marker(options.mode);
             if held.marker != asked {

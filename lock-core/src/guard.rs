@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Whether the heartbeat renews a new guard's lease, and when first.
-pub(crate) enum Renewal {
+pub(crate) enum RenewSchedule {
     /// Renewed from this moment on.
     From(Instant),
     /// Not renewed: the lease expires after its ttl.
@@ -89,7 +89,7 @@ impl LockGuard {
     pub(crate) fn new(
         client: Arc<ClientInner>,
         lease: Lease,
-        renewal: Renewal,
+        renewal: RenewSchedule,
         front: Front<'_>,
         taken: Taken,
     ) -> LockGuard {
@@ -103,7 +103,7 @@ impl LockGuard {
     pub(crate) fn several(
         client: Arc<ClientInner>,
         lease: Lease,
-        renewal: Renewal,
+        renewal: RenewSchedule,
         fronts: Vec<Front<'_>>,
     ) -> LockGuard {
         let lease = Arc::new(lease);
@@ -116,20 +116,26 @@ impl LockGuard {
 
     /// The guard of a shared holder or a permit: in no queue (the holders
     /// of a process do not wait for one another).
-    pub(crate) fn member(client: Arc<ClientInner>, lease: Lease, renewal: Renewal) -> LockGuard {
+    pub(crate) fn shared(
+        client: Arc<ClientInner>,
+        lease: Lease,
+        renewal: RenewSchedule,
+    ) -> LockGuard {
         LockGuard::held(client, Arc::new(lease), renewal, Place::Nowhere)
     }
 
     fn held(
         client: Arc<ClientInner>,
         lease: Arc<Lease>,
-        renewal: Renewal,
+        renewal: RenewSchedule,
         place: Place,
     ) -> LockGuard {
         lease.held.up();
         let heartbeat = match renewal {
-            Renewal::From(due) => Some(client.heartbeat.join(&client.renewals, lease.clone(), due)),
-            Renewal::Off => None,
+            RenewSchedule::From(due) => {
+                Some(client.heartbeat.join(&client.renewals, lease.clone(), due))
+            }
+            RenewSchedule::Off => None,
         };
         LockGuard {
             client,
@@ -203,7 +209,7 @@ impl LockGuard {
     /// [`LockOptions::shared`](crate::LockOptions::shared) and
     /// [`LockOptions::permits`](crate::LockOptions::permits)).
     pub fn is_shared(&self) -> bool {
-        self.lease.is_member()
+        self.lease.is_shared()
     }
 
     /// The key as the caller named it (without the client's prefix); for a

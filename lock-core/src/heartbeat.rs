@@ -37,7 +37,7 @@
 //! in-memory store, which needs no I/O, the task runs on the runtime of the
 //! first guard that needed it.)
 
-use crate::backend::{BATCH, Backend, Renewable, Renewal};
+use crate::backend::{BATCH, Backend, RenewOutcome, Renewable};
 use crate::hold::{self, Expiry};
 use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
@@ -628,7 +628,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     schedule.last_round = now.saturating_duration_since(sent);
     let answered = answers
         .iter()
-        .filter(|a| !matches!(a, Renewal::Failed | Renewal::Refused))
+        .filter(|a| !matches!(a, RenewOutcome::Failed | RenewOutcome::Refused))
         .count();
     if answered < answers.len() {
         schedule.cap.shrink_to(answered);
@@ -638,28 +638,28 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     for (due, answer) in round.iter().zip(answers) {
         let lease = &due.lease;
         let keep = match answer {
-            Renewal::Renewed => {
+            RenewOutcome::Renewed => {
                 lease.renewed(sent, due.ttl);
                 let pace = schedule.behind.then_some(schedule.last_round);
                 Some(next_renewal(sent, lease.valid_until(), due.ttl, pace))
             }
-            Renewal::NotOurs => {
+            RenewOutcome::NotOurs => {
                 lease.mark_lost(LossReason::TakenOver);
                 None
             }
-            Renewal::Evicted => {
+            RenewOutcome::Evicted => {
                 lease.mark_lost(LossReason::ForceReleased);
                 None
             }
-            Renewal::Refused => {
+            RenewOutcome::Refused => {
                 lease.mark_lost(LossReason::Refused);
                 None
             }
-            Renewal::Failed if now >= lease.valid_until() => {
+            RenewOutcome::Failed if now >= lease.valid_until() => {
                 lease.mark_lost(lease.deadline_reason());
                 None
             }
-            Renewal::Failed => Some(now + retry_gap(due.ttl)),
+            RenewOutcome::Failed => Some(now + retry_gap(due.ttl)),
         };
         match keep {
             Some(next) => schedule.leases.finish(due.id, &due.lease, next),
@@ -673,7 +673,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
 /// Renews a round: the leases of one key each in batched script calls, the
 /// others (several keys, shared holders, permits) each in its own calls, at
 /// the same time. One answer per lease, in order.
-async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<Renewal> {
+async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<RenewOutcome> {
     let one_key = |due: &Due| matches!(due.lease.scope, Scope::One);
     if round.iter().all(one_key) {
         return backend.renew_many(round, limit).await;
@@ -685,18 +685,18 @@ async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<Re
         let due = &round[i];
         async move {
             match hold::expire(backend, &due.lease, due.ttl, Expiry::Renew, limit).await {
-                Ok(true) => Renewal::Renewed,
-                Ok(false) => Renewal::NotOurs,
+                Ok(true) => RenewOutcome::Renewed,
+                Ok(false) => RenewOutcome::NotOurs,
                 Err(e) => {
                     observe::renewal_failed(due.lease.key(), 1, &e);
-                    Renewal::failed(&e)
+                    RenewOutcome::failed(&e)
                 }
             }
         }
     });
     let (batch_answers, each_answers) =
         tokio::join!(backend.renew_many(&batch, limit), join_all(each));
-    let mut answers: Vec<Option<Renewal>> = round.iter().map(|_| None).collect();
+    let mut answers: Vec<Option<RenewOutcome>> = round.iter().map(|_| None).collect();
     for (i, answer) in batched.into_iter().zip(batch_answers) {
         answers[i] = Some(answer);
     }
@@ -705,7 +705,7 @@ async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<Re
     }
     answers
         .into_iter()
-        .map(|a| a.unwrap_or(Renewal::Failed))
+        .map(|a| a.unwrap_or(RenewOutcome::Failed))
         .collect()
 }
 

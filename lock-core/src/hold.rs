@@ -2,21 +2,21 @@
 //! key, several keys, a place among shared holders or permits): renew it,
 //! set its ttl, release it.
 
-use crate::backend::{Backend, MemberKeys, MemberLease};
+use crate::backend::{Backend, SharedKeys, SharedLease};
 use crate::error::LockError;
-use crate::lease::{Lease, LossReason, Membership, Scope};
+use crate::lease::{HolderSet, Lease, LossReason, Scope};
 use crate::token::Token;
 use futures::future::join_all;
 use std::time::Duration;
 
 /// The keys of a shared holder or a permit of the lock at `lock`.
-pub(crate) fn member_keys<'a>(lock: &'a str, membership: &'a Membership) -> MemberKeys<'a> {
-    MemberKeys {
+pub(crate) fn shared_keys<'a>(lock: &'a str, holder_set: &'a HolderSet) -> SharedKeys<'a> {
+    SharedKeys {
         lock,
-        holders: &membership.holders,
-        writer: &membership.writer,
-        marker: &membership.marker,
-        limit: membership.limit,
+        holders: &holder_set.holders,
+        writer: &holder_set.writer,
+        marker: &holder_set.marker,
+        limit: holder_set.limit,
     }
 }
 
@@ -51,15 +51,15 @@ pub(crate) async fn expire(
     let renewed = match &lease.scope {
         Scope::One => one(&lease.storage_key).await,
         Scope::Several(parts) => every(join_all(parts.iter().map(|p| one(&p.storage_key))).await),
-        Scope::Member(membership) => {
-            let holder = MemberLease {
-                keys: member_keys(&lease.storage_key, membership),
+        Scope::Shared(holder_set) => {
+            let holder = SharedLease {
+                keys: shared_keys(&lease.storage_key, holder_set),
                 token,
                 ttl,
             };
             let exact = matches!(how, Expiry::Exact);
             let renewed = backend
-                .member_renew(std::slice::from_ref(&holder), exact, limit)
+                .shared_renew(std::slice::from_ref(&holder), exact, limit)
                 .await?;
             Ok(renewed.first() == Some(&true))
         }
@@ -78,7 +78,7 @@ pub(crate) async fn expire(
 async fn evicted(backend: &Backend, lease: &Lease, limit: Duration) -> bool {
     let token = &lease.token;
     match &lease.scope {
-        Scope::One | Scope::Member(_) => {
+        Scope::One | Scope::Shared(_) => {
             backend.was_evicted(&lease.storage_key, token, limit).await
         }
         Scope::Several(parts) => join_all(
@@ -126,9 +126,9 @@ pub(crate) async fn release_keys(
             )
             .await,
         ),
-        Scope::Member(membership) => {
+        Scope::Shared(holder_set) => {
             backend
-                .member_release(&member_keys(storage_key, membership), token, limit)
+                .shared_release(&shared_keys(storage_key, holder_set), token, limit)
                 .await
         }
     }

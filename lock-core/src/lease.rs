@@ -123,7 +123,7 @@ pub(crate) enum Scope {
     Several(Box<[Part]>),
     /// A place in the key's holder set: a shared holder or a permit (boxed:
     /// every lease has a scope, few are members).
-    Member(Box<Membership>),
+    Shared(Box<HolderSet>),
 }
 
 /// One key of a lease on several keys.
@@ -143,7 +143,7 @@ impl Part {
 
 /// The keys of a shared holder or a permit, beside the lock key.
 #[derive(Clone)]
-pub(crate) struct Membership {
+pub(crate) struct HolderSet {
     /// The holder set.
     pub(crate) holders: String,
     /// The writer mark.
@@ -283,8 +283,8 @@ impl Lease {
         }
     }
 
-    pub(crate) fn is_member(&self) -> bool {
-        matches!(self.scope, Scope::Member(_))
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self.scope, Scope::Shared(_))
     }
 
     /// The key as the caller named it (inside the braces of the storage key).

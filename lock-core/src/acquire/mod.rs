@@ -7,10 +7,8 @@
 use crate::backend::{LockKeys, Subscription};
 use crate::client_state::{ClientInner, spawn_release, spawn_release_scope};
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{LockGuard, Renewal};
-use crate::lease::{
-    HoldLimits, Lease, MIN_TTL, Membership, Part, Scope, renewal_due, validity_end,
-};
+use crate::guard::{LockGuard, RenewSchedule};
+use crate::lease::{HoldLimits, HolderSet, Lease, MIN_TTL, Part, Scope, renewal_due, validity_end};
 use crate::observe;
 use crate::options::LockOptions;
 use crate::queue::{Front, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD};
@@ -295,10 +293,10 @@ impl Request<'_> {
     }
 
     /// How a lease won by a command sent at `sent` is renewed.
-    pub(crate) fn renewal(&self, sent: Instant) -> Renewal {
+    pub(crate) fn renewal(&self, sent: Instant) -> RenewSchedule {
         match self.renew {
-            true => Renewal::From(renewal_due(sent, self.ttl)),
-            false => Renewal::Off,
+            true => RenewSchedule::From(renewal_due(sent, self.ttl)),
+            false => RenewSchedule::Off,
         }
     }
 
@@ -316,13 +314,18 @@ impl Request<'_> {
     }
 }
 
-/// A won attempt: the token now stored under the key, the fencing token
-/// (or tokens), and when the command was sent (where the lease's validity
-/// starts).
-pub(crate) struct Won<F = Option<u64>>(pub(crate) Token, pub(crate) F, pub(crate) Instant);
+/// A won attempt.
+pub(crate) struct Won<F = Option<u64>> {
+    /// The token now stored under the key (or keys).
+    pub(crate) token: Token,
+    /// The fencing token, or one per key, or `()` for a kind without.
+    pub(crate) fence: F,
+    /// When the winning command was sent: where the lease's validity starts.
+    pub(crate) sent: Instant,
+}
 
 /// One kind of acquisition attempt, repeated by
-/// [`LockClient::contend_with`].
+/// [`ClientInner::contend_with`].
 pub(crate) trait Contender {
     /// What a won attempt gives.
     type Won;
@@ -381,7 +384,7 @@ pub(crate) enum MayHoldKeys<'a> {
     /// These keys (its key among them), exclusively.
     Several(&'a [Arc<str>]),
     /// A place in its key's holder set.
-    Member(&'a Membership),
+    Shared(&'a HolderSet),
 }
 
 impl<'a> MayHold<'a> {
@@ -440,11 +443,11 @@ impl Drop for MayHold<'_> {
                 });
                 spawn_release_scope(inner, key, Scope::Several(parts.collect()), token, until);
             }
-            MayHoldKeys::Member(membership) => {
+            MayHoldKeys::Shared(holder_set) => {
                 spawn_release_scope(
                     inner,
                     key,
-                    Scope::Member(Box::new(membership.clone())),
+                    Scope::Shared(Box::new(holder_set.clone())),
                     token,
                     until,
                 );

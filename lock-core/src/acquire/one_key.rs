@@ -6,7 +6,7 @@ use super::{Contender, Lost, MayHold, Request, Won, writer_key};
 use crate::backend::Attempt;
 use crate::client_state::{ClientInner, spawn_release};
 use crate::error::LockError;
-use crate::guard::{LockGuard, Renewal};
+use crate::guard::{LockGuard, RenewSchedule};
 use crate::lease::{MIN_TTL, renewal_due};
 use crate::options::LockOptions;
 use crate::queue::{Front, HandedLease, Handoff, Owner, Taken};
@@ -79,7 +79,7 @@ impl ClientInner {
             return Ok(LockGuard::new(
                 inner.clone(),
                 lease,
-                Renewal::From(renew_at),
+                RenewSchedule::From(renew_at),
                 front,
                 Taken::HandedOver,
             ));
@@ -125,7 +125,7 @@ impl ClientInner {
             writer: None,
         };
         let fronts = std::slice::from_ref(&front);
-        let Won(token, fence, sent) = self
+        let Won { token, fence, sent } = self
             .contend_with(request, &mut one, fronts, attempts)
             .await?;
         Ok(request.guard(self, token, fence, sent, front, Taken::FromRedis))
@@ -170,7 +170,11 @@ impl Contender for OneKey<'_, '_> {
             )
             .await;
         match outcome {
-            Ok(Attempt::Granted { fence }) => Ok(Won(held.keep(), fence, sent)),
+            Ok(Attempt::Granted { fence }) => Ok(Won {
+                token: held.keep(),
+                fence,
+                sent,
+            }),
             Ok(Attempt::Busy { left, foreign }) => {
                 held.keep();
                 Err(if foreign {

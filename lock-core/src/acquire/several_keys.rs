@@ -55,7 +55,11 @@ impl ClientInner {
             writers: storage_keys.iter().map(|k| writer_key(k)).collect(),
             busy: 0,
         };
-        let Won(token, fences, sent) = self
+        let Won {
+            token,
+            fence: fences,
+            sent,
+        } = self
             .contend_with(&request, &mut several, &fronts, attempts)
             .await?;
         let parts: Box<[Part]> = storage_keys
@@ -141,7 +145,11 @@ impl Contender for SeveralKeys<'_, '_> {
             .acquire_all(&keys, held.token(), request.ttl, writer_for, limit)
             .await;
         match outcome {
-            Ok(Several::Granted(fences)) => Ok(Won(held.keep(), fences, sent)),
+            Ok(Several::Granted(fences)) => Ok(Won {
+                token: held.keep(),
+                fence: fences,
+                sent,
+            }),
             Ok(Several::Busy { at }) => {
                 held.keep();
                 self.busy = at.min(self.keys.len() - 1);

@@ -3,12 +3,12 @@
 //! key's holder set.
 
 use super::{Contender, Lost, MayHold, MayHoldKeys, Request, Won, writer_key};
-use crate::backend::{Backend, Joined, no_members_on_redlock};
+use crate::backend::{Backend, SharedAttempt, no_shared_on_redlock};
 use crate::client_state::ClientInner;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::member_keys;
-use crate::lease::{Membership, Scope, validity_end};
+use crate::hold::shared_keys;
+use crate::lease::{HolderSet, Scope, validity_end};
 use crate::options::{LockOptions, Mode};
 use crate::token::Token;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ impl ClientInner {
     ) -> Result<LockGuard, LockError> {
         let inner = self;
         if let Backend::Redlock(_) = *inner.backend {
-            return Err(no_members_on_redlock().with_key(key));
+            return Err(no_shared_on_redlock().with_key(key));
         }
         if options.fencing {
             return Err(LockError::options(
@@ -43,24 +43,24 @@ impl ClientInner {
                 _ => 0,
             },
         );
-        let membership = Membership {
+        let holder_set = HolderSet {
             holders: holders_key(&request.storage_key),
             writer: writer_key(&request.storage_key),
             marker,
             limit,
         };
-        let mut member = Member {
+        let mut holder = SharedHolder {
             inner,
             request: &request,
-            membership: &membership,
+            holder_set: &holder_set,
         };
-        let Won(token, (), sent) = self
-            .contend_with(&request, &mut member, &[], attempts)
+        let Won { token, sent, .. } = self
+            .contend_with(&request, &mut holder, &[], attempts)
             .await?;
         let lease = request
             .lease(token, None, validity_end(sent, request.ttl))
-            .with_scope(Scope::Member(Box::new(membership)));
-        Ok(LockGuard::member(
+            .with_scope(Scope::Shared(Box::new(holder_set)));
+        Ok(LockGuard::shared(
             inner.clone(),
             lease,
             request.renewal(sent),
@@ -69,18 +69,18 @@ impl ClientInner {
 }
 
 /// Attempts of a shared holder or a permit.
-struct Member<'a, 'k> {
+struct SharedHolder<'a, 'k> {
     inner: &'a Arc<ClientInner>,
     request: &'a Request<'k>,
-    membership: &'a Membership,
+    holder_set: &'a HolderSet,
 }
 
-impl Contender for Member<'_, '_> {
+impl Contender for SharedHolder<'_, '_> {
     type Won = Won<()>;
 
     async fn attempt(&mut self, _retry: bool) -> Result<Self::Won, Lost> {
         let (inner, request) = (self.inner, self.request);
-        let what = MayHoldKeys::Member(self.membership);
+        let what = MayHoldKeys::Shared(self.holder_set);
         let held = MayHold::of(
             inner,
             &request.storage_key,
@@ -88,22 +88,26 @@ impl Contender for Member<'_, '_> {
             Token::generate(),
             request.ttl,
         );
-        let keys = member_keys(&request.storage_key, self.membership);
+        let keys = shared_keys(&request.storage_key, self.holder_set);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let outcome = inner
             .backend
-            .member_acquire(&keys, held.token(), request.ttl, limit)
+            .shared_acquire(&keys, held.token(), request.ttl, limit)
             .await;
         match outcome {
-            Ok(Joined::Granted) => Ok(Won(held.keep(), (), sent)),
-            Ok(Joined::Busy { left }) => {
+            Ok(SharedAttempt::Granted) => Ok(Won {
+                token: held.keep(),
+                fence: (),
+                sent,
+            }),
+            Ok(SharedAttempt::Busy { left }) => {
                 held.keep();
                 Err(Lost::Busy(left))
             }
-            Ok(Joined::Mismatch(found)) => {
+            Ok(SharedAttempt::Mismatch(found)) => {
                 held.keep();
-                Err(Lost::Fail(mismatch(&found, &self.membership.marker)))
+                Err(Lost::Fail(mismatch(&found, &self.holder_set.marker)))
             }
             Err(e) => Err(Lost::from_error(e)),
         }

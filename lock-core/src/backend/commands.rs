@@ -1,8 +1,8 @@
 //! The lock commands on one server.
 
 use super::{
-    Attempt, BATCH, Batched, ClusterNode, Joined, LockKeys, MemberKeys, MemberLease, MinReplicas,
-    Node, Renewable, Several,
+    Attempt, BATCH, Batched, ClusterNode, LockKeys, MinReplicas, Node, Renewable, Several,
+    SharedAttempt, SharedKeys, SharedLease,
 };
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
@@ -415,13 +415,13 @@ macro_rules! lock_commands {
 
             /// A shared holder or a permit joins the key's holder set (see
             /// [`scripts::SHARED_ACQUIRE`]).
-            pub(crate) async fn member_acquire(
+            pub(crate) async fn shared_acquire(
                 &self,
-                keys: &MemberKeys<'_>,
+                keys: &SharedKeys<'_>,
                 token: &Token,
                 ttl: Duration,
                 limit: Duration,
-            ) -> Result<Joined, LockError> {
+            ) -> Result<SharedAttempt, LockError> {
                 let answer: (i64, redis::Value) = self
                     .call(limit, false, |mut conn| {
                         let mut inv = Eval::new(&scripts::SHARED_ACQUIRE, 3);
@@ -436,11 +436,11 @@ macro_rules! lock_commands {
                     })
                     .await?;
                 Ok(match answer {
-                    (1, _) => Joined::Granted,
-                    (-1, held) => Joined::Mismatch(
+                    (1, _) => SharedAttempt::Granted,
+                    (-1, held) => SharedAttempt::Mismatch(
                         redis::from_redis_value::<String>(held).unwrap_or_default(),
                     ),
-                    (_, left) => Joined::Busy {
+                    (_, left) => SharedAttempt::Busy {
                         left: redis::from_redis_value::<i64>(left)
                             .ok()
                             .filter(|ms| *ms >= 0)
@@ -451,9 +451,9 @@ macro_rules! lock_commands {
 
             /// A holder leaves its key's holder set; `Ok(false)`: it was no
             /// longer in it.
-            pub(crate) async fn member_release(
+            pub(crate) async fn shared_release(
                 &self,
-                keys: &MemberKeys<'_>,
+                keys: &SharedKeys<'_>,
                 token: &Token,
                 limit: Duration,
             ) -> Result<bool, LockError> {
@@ -472,9 +472,9 @@ macro_rules! lock_commands {
 
             /// Renews holders in their holder sets (`exact`: sets their
             /// expiry to the ttl, shorter or longer); the answers in order.
-            pub(crate) async fn member_renew(
+            pub(crate) async fn shared_renew(
                 &self,
-                holders: &[MemberLease<'_>],
+                holders: &[SharedLease<'_>],
                 exact: bool,
                 limit: Duration,
             ) -> Result<Vec<bool>, LockError> {

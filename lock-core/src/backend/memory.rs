@@ -8,7 +8,9 @@
 
 use super::operators::{Forced, RawState, glob_match};
 use super::wakeup::Channels;
-use super::{Attempt, Joined, LockKeys, MemberKeys, MemberLease, Renewable, Renewal, Several};
+use super::{
+    Attempt, LockKeys, RenewOutcome, Renewable, Several, SharedAttempt, SharedKeys, SharedLease,
+};
 use crate::lease::fence_retention;
 use crate::token::Token;
 use std::collections::HashMap;
@@ -241,12 +243,12 @@ impl MemoryStore {
     }
 
     /// A shared holder or a permit joins, as `scripts::SHARED_ACQUIRE` does.
-    pub(crate) fn member_acquire(
+    pub(crate) fn shared_acquire(
         &self,
-        keys: &MemberKeys<'_>,
+        keys: &SharedKeys<'_>,
         token: &Token,
         ttl: Duration,
-    ) -> Joined {
+    ) -> SharedAttempt {
         let now = Instant::now();
         let mut state = self.inner.lock();
         if state
@@ -254,7 +256,7 @@ impl MemoryStore {
             .get(keys.lock)
             .is_some_and(|held| held.expires > now)
         {
-            return Joined::Busy {
+            return SharedAttempt::Busy {
                 left: state.left(keys.lock, now),
             };
         }
@@ -273,23 +275,23 @@ impl MemoryStore {
             group.marker = keys.marker.to_owned();
         }
         if group.marker != keys.marker {
-            return Joined::Mismatch(group.marker.clone());
+            return SharedAttempt::Mismatch(group.marker.clone());
         }
         let full = keys.limit > 0 && group.holders.len() >= keys.limit as usize;
         if full || (keys.limit == 0 && waiting_writer) {
             let first = group.holders.iter().map(|(_, e)| *e).min();
-            return Joined::Busy {
+            return SharedAttempt::Busy {
                 left: first
                     .filter(|_| full)
                     .map(|e| e.saturating_duration_since(now)),
             };
         }
         group.holders.push((token.clone(), now + ttl));
-        Joined::Granted
+        SharedAttempt::Granted
     }
 
     /// A shared holder or a permit leaves; `false`: it was no longer held.
-    pub(crate) fn member_release(&self, keys: &MemberKeys<'_>, token: &Token) -> bool {
+    pub(crate) fn shared_release(&self, keys: &SharedKeys<'_>, token: &Token) -> bool {
         let now = Instant::now();
         let released = {
             let mut state = self.inner.lock();
@@ -312,7 +314,7 @@ impl MemoryStore {
 
     /// Renews shared holders or permits; `exact` sets their expiry to the
     /// ttl, shorter or longer.
-    pub(crate) fn member_renew(&self, holders: &[MemberLease<'_>], exact: bool) -> Vec<bool> {
+    pub(crate) fn shared_renew(&self, holders: &[SharedLease<'_>], exact: bool) -> Vec<bool> {
         let now = Instant::now();
         let mut state = self.inner.lock();
         holders
@@ -367,13 +369,13 @@ impl MemoryStore {
         }
     }
 
-    pub(crate) fn renew_many<R: Renewable>(&self, due: &[R]) -> Vec<Renewal> {
+    pub(crate) fn renew_many<R: Renewable>(&self, due: &[R]) -> Vec<RenewOutcome> {
         due.iter()
             .map(|d| {
                 if self.renew(d.storage_key(), d.token(), d.ttl()) {
-                    Renewal::Renewed
+                    RenewOutcome::Renewed
                 } else {
-                    Renewal::NotOurs
+                    RenewOutcome::NotOurs
                 }
             })
             .collect()

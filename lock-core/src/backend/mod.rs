@@ -65,7 +65,7 @@ pub(crate) struct Batched {
 impl Batched {
     /// The answers as renewals, reporting a failure (with how many leases
     /// it left unanswered) under the first unanswered lease's name.
-    fn renewals<R: Renewable>(self, due: &[R]) -> Vec<Renewal> {
+    fn renewals<R: Renewable>(self, due: &[R]) -> Vec<RenewOutcome> {
         if let Some(e) = &self.error {
             let unanswered = self.each.iter().filter(|r| r.is_none()).count();
             let first = self
@@ -77,12 +77,15 @@ impl Batched {
                 observe::renewal_failed(first.name(), unanswered, e);
             }
         }
-        let failed = self.error.as_ref().map_or(Renewal::Failed, Renewal::failed);
+        let failed = self
+            .error
+            .as_ref()
+            .map_or(RenewOutcome::Failed, RenewOutcome::failed);
         self.each
             .into_iter()
             .map(|answer| match answer {
-                Some(true) => Renewal::Renewed,
-                Some(false) => Renewal::NotOurs,
+                Some(true) => RenewOutcome::Renewed,
+                Some(false) => RenewOutcome::NotOurs,
                 None => failed,
             })
             .collect()
@@ -91,7 +94,7 @@ impl Batched {
 
 /// What a round of renewals said about one lease.
 #[derive(Clone, Copy)]
-pub(crate) enum Renewal {
+pub(crate) enum RenewOutcome {
     Renewed,
     NotOurs,
     /// Not ours because an operator broke the lock (its tombstone names
@@ -104,12 +107,12 @@ pub(crate) enum Renewal {
     Refused,
 }
 
-impl Renewal {
+impl RenewOutcome {
     /// What a failed renewal call means for its leases.
-    pub(crate) fn failed(error: &LockError) -> Renewal {
+    pub(crate) fn failed(error: &LockError) -> RenewOutcome {
         match error.kind() {
-            ErrorKind::Server => Renewal::Refused,
-            _ => Renewal::Failed,
+            ErrorKind::Server => RenewOutcome::Refused,
+            _ => RenewOutcome::Failed,
         }
     }
 }
@@ -185,7 +188,7 @@ pub(crate) enum Several {
 
 /// The answer to a shared holder's or a permit's attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Joined {
+pub(crate) enum SharedAttempt {
     Granted,
     /// Held exclusively, an exclusive holder waits (for shared), or every
     /// permit is taken; `left`: how long until that may change, when known.
@@ -199,7 +202,7 @@ pub(crate) enum Joined {
 
 /// The keys of a lock with shared holders or permits; one hash slot.
 #[derive(Clone, Copy)]
-pub(crate) struct MemberKeys<'a> {
+pub(crate) struct SharedKeys<'a> {
     /// The lock key: the marker while holders exist.
     pub(crate) lock: &'a str,
     /// The holder set.
@@ -213,14 +216,14 @@ pub(crate) struct MemberKeys<'a> {
 }
 
 /// One holder in a round of holder renewals.
-pub(crate) struct MemberLease<'a> {
-    pub(crate) keys: MemberKeys<'a>,
+pub(crate) struct SharedLease<'a> {
+    pub(crate) keys: SharedKeys<'a>,
     pub(crate) token: &'a Token,
     pub(crate) ttl: Duration,
 }
 
 /// Why shared locks and permits are refused on Redlock.
-pub(crate) fn no_members_on_redlock() -> LockError {
+pub(crate) fn no_shared_on_redlock() -> LockError {
     LockError::options(
         "shared locks and permits are not available on Redlock: a holder set \
          kept on several independent servers has no majority rule that keeps \
@@ -301,60 +304,60 @@ impl Backend {
     }
 
     /// A shared holder's or a permit's attempt. Redlock has none.
-    pub(crate) async fn member_acquire(
+    pub(crate) async fn shared_acquire(
         &self,
-        keys: &MemberKeys<'_>,
+        keys: &SharedKeys<'_>,
         token: &Token,
         ttl: Duration,
         limit: Duration,
-    ) -> Result<Joined, LockError> {
+    ) -> Result<SharedAttempt, LockError> {
         match self {
-            Backend::Single(node) => node.member_acquire(keys, token, ttl, limit).await,
-            Backend::Cluster(node) => node.member_acquire(keys, token, ttl, limit).await,
-            Backend::Redlock(_) => Err(no_members_on_redlock()),
-            Backend::Memory(store) => Ok(store.member_acquire(keys, token, ttl)),
+            Backend::Single(node) => node.shared_acquire(keys, token, ttl, limit).await,
+            Backend::Cluster(node) => node.shared_acquire(keys, token, ttl, limit).await,
+            Backend::Redlock(_) => Err(no_shared_on_redlock()),
+            Backend::Memory(store) => Ok(store.shared_acquire(keys, token, ttl)),
         }
     }
 
     /// A shared holder or a permit lets go. `Ok(false)`: it was no longer
     /// held.
-    pub(crate) async fn member_release(
+    pub(crate) async fn shared_release(
         &self,
-        keys: &MemberKeys<'_>,
+        keys: &SharedKeys<'_>,
         token: &Token,
         limit: Duration,
     ) -> Result<bool, LockError> {
         match self {
-            Backend::Single(node) => node.member_release(keys, token, limit).await,
-            Backend::Cluster(node) => node.member_release(keys, token, limit).await,
-            Backend::Redlock(_) => Err(no_members_on_redlock()),
-            Backend::Memory(store) => Ok(store.member_release(keys, token)),
+            Backend::Single(node) => node.shared_release(keys, token, limit).await,
+            Backend::Cluster(node) => node.shared_release(keys, token, limit).await,
+            Backend::Redlock(_) => Err(no_shared_on_redlock()),
+            Backend::Memory(store) => Ok(store.shared_release(keys, token)),
         }
     }
 
     /// Renews shared holders or permits (`exact`: to exactly their ttl);
     /// one answer per holder, in order.
-    pub(crate) async fn member_renew(
+    pub(crate) async fn shared_renew(
         &self,
-        holders: &[MemberLease<'_>],
+        holders: &[SharedLease<'_>],
         exact: bool,
         limit: Duration,
     ) -> Result<Vec<bool>, LockError> {
         match self {
-            Backend::Single(node) => node.member_renew(holders, exact, limit).await,
+            Backend::Single(node) => node.shared_renew(holders, exact, limit).await,
             // One call per holder: holders of different keys span slots.
             Backend::Cluster(node) => {
                 let calls = holders
                     .iter()
-                    .map(|h| node.member_renew(std::slice::from_ref(h), exact, limit));
+                    .map(|h| node.shared_renew(std::slice::from_ref(h), exact, limit));
                 let mut renewed = Vec::with_capacity(holders.len());
                 for answer in join_all(calls).await {
                     renewed.extend(answer?);
                 }
                 Ok(renewed)
             }
-            Backend::Redlock(_) => Err(no_members_on_redlock()),
-            Backend::Memory(store) => Ok(store.member_renew(holders, exact)),
+            Backend::Redlock(_) => Err(no_shared_on_redlock()),
+            Backend::Memory(store) => Ok(store.shared_renew(holders, exact)),
         }
     }
 
@@ -425,16 +428,16 @@ impl Backend {
         &self,
         due: &[R],
         limit: Duration,
-    ) -> Vec<Renewal> {
+    ) -> Vec<RenewOutcome> {
         let mut answers = self.renew_round(due, limit).await;
-        if answers.iter().any(|a| matches!(a, Renewal::NotOurs)) {
+        if answers.iter().any(|a| matches!(a, RenewOutcome::NotOurs)) {
             self.tell_evicted(due, &mut answers, limit).await;
         }
         answers
     }
 
     /// [`renew_many`](Self::renew_many) without the tombstone lookup.
-    async fn renew_round<R: Renewable>(&self, due: &[R], limit: Duration) -> Vec<Renewal> {
+    async fn renew_round<R: Renewable>(&self, due: &[R], limit: Duration) -> Vec<RenewOutcome> {
         match self {
             Backend::Single(node) => node.renew_many(due, limit).await.renewals(due),
             // One script call per lease, all at once: a script with the
@@ -444,15 +447,15 @@ impl Backend {
                     .iter()
                     .map(|d| node.renew(d.storage_key(), d.token(), d.ttl(), limit));
                 let mut failed = None;
-                let answers: Vec<Renewal> = join_all(calls)
+                let answers: Vec<RenewOutcome> = join_all(calls)
                     .await
                     .into_iter()
                     .zip(due)
                     .map(|(answer, d)| match answer {
-                        Ok(true) => Renewal::Renewed,
-                        Ok(false) => Renewal::NotOurs,
+                        Ok(true) => RenewOutcome::Renewed,
+                        Ok(false) => RenewOutcome::NotOurs,
                         Err(e) => {
-                            let answer = Renewal::failed(&e);
+                            let answer = RenewOutcome::failed(&e);
                             failed.get_or_insert((d, e, 0)).2 += 1;
                             answer
                         }

@@ -4,7 +4,7 @@
 //! These talk in keys and raw answers; the client's `inspect` module turns them into the
 //! public [`LockState`](crate::LockState).
 
-use super::{Backend, ClusterNode, Node, Renewable, Renewal};
+use super::{Backend, ClusterNode, Node, RenewOutcome, Renewable};
 use crate::error::{ErrorKind, LockError};
 use crate::scripts::{self, Eval};
 use crate::token::Token;
@@ -193,18 +193,18 @@ impl Backend {
     pub(crate) async fn tell_evicted<R: Renewable>(
         &self,
         due: &[R],
-        answers: &mut [Renewal],
+        answers: &mut [RenewOutcome],
         limit: Duration,
     ) {
         let lost: Vec<usize> = (0..due.len().min(answers.len()))
-            .filter(|&i| matches!(answers[i], Renewal::NotOurs))
+            .filter(|&i| matches!(answers[i], RenewOutcome::NotOurs))
             .collect();
         let checks = lost
             .iter()
             .map(|&i| self.was_evicted(due[i].storage_key(), due[i].token(), limit));
         for (i, evicted) in lost.iter().zip(join_all(checks).await) {
             if evicted {
-                answers[*i] = Renewal::Evicted;
+                answers[*i] = RenewOutcome::Evicted;
             }
         }
     }

@@ -19,7 +19,7 @@
 //!    `Unavailable` when too few answered to decide. Every attempt sends a
 //!    token of its own, so a late undo cannot delete a later attempt's key.
 //!
-//! Renewal and release go to all servers; a renewal counts only when a
+//! RenewOutcome and release go to all servers; a renewal counts only when a
 //! majority renewed before the validity deadline, and the lock is lost for
 //! certain once more than `N - majority` servers say it is not ours. A
 //! release, an `extend` and a ping return once a majority has answered; the
@@ -54,7 +54,7 @@
 //! restarts empty resets its counter, and the argument above no longer holds
 //! for quorums that meet only on it.
 
-use super::{Attempt, LockKeys, Node, Renewable, Renewal, Several};
+use super::{Attempt, LockKeys, Node, RenewOutcome, Renewable, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
 use crate::observe;
@@ -396,7 +396,7 @@ impl Quorum {
         &self,
         due: &[R],
         limit: Duration,
-    ) -> Vec<Renewal> {
+    ) -> Vec<RenewOutcome> {
         let ttl = due.iter().map(Renewable::ttl).min().unwrap_or(limit);
         let per_node = self.node_timeout(ttl, limit);
         let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
@@ -420,11 +420,11 @@ impl Quorum {
                     }
                 }
                 if yes >= needed {
-                    Renewal::Renewed
+                    RenewOutcome::Renewed
                 } else if no > most_not_ours {
-                    Renewal::NotOurs
+                    RenewOutcome::NotOurs
                 } else {
-                    Renewal::Failed
+                    RenewOutcome::Failed
                 }
             })
             .collect()
