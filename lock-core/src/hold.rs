@@ -59,6 +59,7 @@ pub(crate) async fn expire(
             };
             let exact = matches!(how, Expiry::Exact);
             let renewed = backend
+                .shared()?
                 .shared_renew(std::slice::from_ref(&holder), exact, limit)
                 .await?;
             Ok(renewed.first() == Some(&true))
@@ -128,6 +129,7 @@ pub(crate) async fn release_keys(
         ),
         Scope::Shared(holder_set) => {
             backend
+                .shared()?
                 .shared_release(&shared_keys(storage_key, holder_set), token, limit)
                 .await
         }

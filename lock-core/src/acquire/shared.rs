@@ -3,7 +3,7 @@
 //! key's holder set.
 
 use super::{Contender, Lost, MayHold, MayHoldKeys, Request, Won, writer_key};
-use crate::backend::{Backend, SharedAttempt, no_shared_on_redlock};
+use crate::backend::{SharedAttempt, SharedBackend};
 use crate::client_state::ClientInner;
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -25,9 +25,7 @@ impl ClientInner {
         attempts: &AtomicU32,
     ) -> Result<LockGuard, LockError> {
         let inner = self;
-        if let Backend::Redlock(_) = *inner.backend {
-            return Err(no_shared_on_redlock().with_key(key));
-        }
+        let backend = inner.backend.shared().map_err(|e| e.with_key(key))?;
         if options.fencing {
             return Err(LockError::options(
                 "fencing tokens order exclusive holders, one after another; shared holders \
@@ -51,6 +49,7 @@ impl ClientInner {
         };
         let mut holder = SharedHolder {
             inner,
+            backend,
             request: &request,
             holder_set: &holder_set,
         };
@@ -71,6 +70,7 @@ impl ClientInner {
 /// Attempts of a shared holder or a permit.
 struct SharedHolder<'a, 'k> {
     inner: &'a Arc<ClientInner>,
+    backend: SharedBackend<'a>,
     request: &'a Request<'k>,
     holder_set: &'a HolderSet,
 }
@@ -91,7 +91,7 @@ impl Contender for SharedHolder<'_, '_> {
         let keys = shared_keys(&request.storage_key, self.holder_set);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
-        let outcome = inner
+        let outcome = self
             .backend
             .shared_acquire(&keys, held.token(), request.ttl, limit)
             .await;

@@ -3,9 +3,11 @@
 
 use super::connection::{self, Failure, SharedConnection};
 use super::node::redact;
+use super::{LockCommands, Server};
 use super::{LockKeys, MinReplicas, Several};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::token::Token;
+use futures::future::BoxFuture;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
@@ -117,37 +119,46 @@ impl ClusterNode {
     pub(crate) fn addr(&self) -> &str {
         &self.addr
     }
+}
 
-    /// Runs one call with the shared cluster connection, bounded by `limit`
-    /// in all (waiting for a connection included). Redirections and
-    /// reconnections to single nodes are the cluster connection's own
-    /// business; a broken cluster connection is replaced, and with
-    /// `retry_on_drop` the call is sent once more on the new one (only for
-    /// calls safe to repeat).
-    pub(crate) async fn call<T, F, Fut>(
-        &self,
+impl Server for ClusterNode {
+    type Conn = ClusterConnection;
+
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn min_replicas(&self) -> Option<MinReplicas> {
+        self.min_replicas
+    }
+
+    fn call<'a, T, F, Fut>(
+        &'a self,
         limit: Duration,
         retry_on_drop: bool,
         f: F,
-    ) -> Result<T, LockError>
+    ) -> BoxFuture<'a, Result<T, LockError>>
     where
-        F: Fn(ClusterConnection) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        T: Send + 'a,
+        F: Fn(ClusterConnection) -> Fut + Send + Sync + 'a,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'a,
     {
-        let failure = |e: redis::RedisError| {
-            if e.is_unrecoverable_error() {
-                connection::lost(&self.addr, e)
-            } else {
-                Failure::Answer(from_redis(e))
-            }
-        };
-        let open = || {
-            let client = self.client.clone();
-            async move { client.get_async_connection().await }
-        };
-        self.connection
-            .call(&self.addr, limit, retry_on_drop, open, failure, f)
-            .await
+        Box::pin(async move {
+            let failure = |e: redis::RedisError| {
+                if e.is_unrecoverable_error() {
+                    connection::lost(&self.addr, e)
+                } else {
+                    Failure::Answer(from_redis(e))
+                }
+            };
+            let open = || {
+                let client = self.client.clone();
+                async move { client.get_async_connection().await }
+            };
+            self.connection
+                .call(&self.addr, limit, retry_on_drop, open, failure, f)
+                .await
+        })
     }
 }
 

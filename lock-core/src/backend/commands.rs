@@ -1,8 +1,8 @@
-//! The lock commands on one server.
+//! The lock commands on one server connection, over [`Server::call`].
 
 use super::{
-    Attempt, BATCH, Batched, ClusterNode, LockKeys, MinReplicas, Node, Renewable, Several,
-    SharedAttempt, SharedKeys, SharedLease,
+    Attempt, BATCH, Batched, LockKeys, MinReplicas, Renewable, Server, Several, SharedAttempt,
+    SharedKeys, SharedLease,
 };
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
@@ -17,520 +17,493 @@ use std::time::Duration;
 /// up ahead of the next round's.
 const RENEW_WINDOW: usize = 8;
 
-/// The lock commands, for every kind of server connection: written once,
-/// implemented for [`Node`] (one server) and [`ClusterNode`] (a Redis
-/// Cluster, where each command goes to its keys' slot). Both have a `call`
-/// taking a closure over their connection, an `addr` and `min_replicas`.
-macro_rules! lock_commands {
-    ($server:ty) => {
-        // Not every kind of server uses every command (Redlock alone lifts
-        // fences).
-        #[allow(dead_code)]
-        impl $server {
-            /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
-            /// script.
-            ///
-            /// With `min_replicas` set, a granted attempt is followed on the same
-            /// connection by `WAIT replicas timeout`; when fewer replicas
-            /// acknowledge, the lock is deleted again (compare-and-delete, same
-            /// connection) and the attempt fails as [`ErrorKind::Unavailable`], so
-            /// the acquisition loop retries within its wait.
-            pub(crate) async fn acquire(
-                &self,
-                keys: &LockKeys<'_>,
-                token: &Token,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<Attempt, LockError> {
-                let ttl_ms = ttl_millis(ttl);
-                let min = self.min_replicas;
-                let (attempt, short) = match (keys.fence, keys.writer) {
-                    (None, None) => {
-                        self.call(limit, false, |mut conn| {
-                            // Sized up front: no regrowth on the hot path.
-                            let value = keys.value_of(token);
-                            let mut cmd = redis::Cmd::with_capacity(6, 96 + keys.lock.len());
-                            cmd.arg("SET")
-                                .arg(keys.lock)
-                                .arg(value)
-                                .arg("NX")
-                                .arg("PX")
-                                .arg(ttl_ms);
-                            async move {
-                                let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
-                                if ok.is_none() {
-                                    return Ok((Attempt::HELD, None));
-                                }
-                                let short = replicate(&mut conn, min, &[keys.lock], token).await?;
-                                Ok((Attempt::Granted { fence: None }, short))
-                            }
-                        })
-                        .await?
+/// The lock commands, for every kind of server connection: written once
+/// over [`Server::call`], for [`Node`](super::Node) (one server) and
+/// [`ClusterNode`](super::ClusterNode) (a Redis Cluster, where each command
+/// goes to its keys' slot).
+pub(crate) trait LockCommands: Server {
+    /// One acquisition attempt: `SET key token NX PX ttl`, or the fencing
+    /// script.
+    ///
+    /// With `min_replicas` set, a granted attempt is followed on the same
+    /// connection by `WAIT replicas timeout`; when fewer replicas
+    /// acknowledge, the lock is deleted again (compare-and-delete, same
+    /// connection) and the attempt fails as [`ErrorKind::Unavailable`], so
+    /// the acquisition loop retries within its wait.
+    async fn acquire(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Attempt, LockError> {
+        let ttl_ms = ttl_millis(ttl);
+        let min = self.min_replicas();
+        let (attempt, short) = match (keys.fence, keys.writer) {
+            (None, None) => {
+                self.call(limit, false, |mut conn| {
+                    // Sized up front: no regrowth on the hot path.
+                    let value = keys.value_of(token);
+                    let mut cmd = redis::Cmd::with_capacity(6, 96 + keys.lock.len());
+                    cmd.arg("SET")
+                        .arg(keys.lock)
+                        .arg(value)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl_ms);
+                    async move {
+                        let ok: Option<redis::Value> = cmd.query_async(&mut conn).await?;
+                        if ok.is_none() {
+                            return Ok((Attempt::HELD, None));
+                        }
+                        let short = replicate(&mut conn, min, &[keys.lock], token).await?;
+                        Ok((Attempt::Granted { fence: None }, short))
                     }
-                    (Some(fence_key), None) => {
-                        self.call(limit, false, |mut conn| {
-                            let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
-                            inv.key(keys.lock)
-                                .key(fence_key)
-                                .arg(keys.value_of(token))
-                                .arg(ttl_ms)
-                                .arg(ttl_millis(fence_retention(ttl)));
-                            async move {
-                                let fence: u64 = inv.invoke(&mut conn).await?;
-                                if fence == 0 {
-                                    return Ok((Attempt::HELD, None));
-                                }
-                                let short = replicate(&mut conn, min, &[keys.lock], token).await?;
-                                Ok((Attempt::Granted { fence: Some(fence) }, short))
-                            }
-                        })
-                        .await?
+                })
+                .await?
+            }
+            (Some(fence_key), None) => {
+                self.call(limit, false, |mut conn| {
+                    let mut inv = Eval::new(&scripts::ACQUIRE_FENCED, 2);
+                    inv.key(keys.lock)
+                        .key(fence_key)
+                        .arg(keys.value_of(token))
+                        .arg(ttl_ms)
+                        .arg(ttl_millis(fence_retention(ttl)));
+                    async move {
+                        let fence: u64 = inv.invoke(&mut conn).await?;
+                        if fence == 0 {
+                            return Ok((Attempt::HELD, None));
+                        }
+                        let short = replicate(&mut conn, min, &[keys.lock], token).await?;
+                        Ok((Attempt::Granted { fence: Some(fence) }, short))
                     }
-                    (fence_key, Some((writer, writer_for))) => {
-                        self.call(limit, false, |mut conn| {
-                            let mut inv =
-                                Eval::new(&scripts::ACQUIRE, 2 + usize::from(fence_key.is_some()));
-                            inv.key(keys.lock).key(writer);
-                            if let Some(fence_key) = fence_key {
-                                inv.key(fence_key);
-                            }
-                            inv.arg(keys.value_of(token))
-                                .arg(ttl_ms)
-                                .arg(ttl_millis(writer_for));
-                            if fence_key.is_some() {
-                                inv.arg(ttl_millis(fence_retention(ttl)));
-                            }
-                            async move {
-                                let answer: (i64, i64) = match inv.invoke(&mut conn).await? {
-                                    Reply(granted, n, _) if granted == 1 => (1, n),
-                                    Reply(_, pttl, foreign) => {
-                                        // PTTL: -2 gone since (free now), -1 no
-                                        // expiry (not a lock of ours: unknown).
-                                        let left = match pttl {
-                                            -1 => None,
-                                            ms => Some(Duration::from_millis(ms.max(0) as u64)),
-                                        };
-                                        let busy = Attempt::Busy { left, foreign };
-                                        return Ok((busy, None));
-                                    }
+                })
+                .await?
+            }
+            (fence_key, Some((writer, writer_for))) => {
+                self.call(limit, false, |mut conn| {
+                    let mut inv =
+                        Eval::new(&scripts::ACQUIRE, 2 + usize::from(fence_key.is_some()));
+                    inv.key(keys.lock).key(writer);
+                    if let Some(fence_key) = fence_key {
+                        inv.key(fence_key);
+                    }
+                    inv.arg(keys.value_of(token))
+                        .arg(ttl_ms)
+                        .arg(ttl_millis(writer_for));
+                    if fence_key.is_some() {
+                        inv.arg(ttl_millis(fence_retention(ttl)));
+                    }
+                    async move {
+                        let answer: (i64, i64) = match inv.invoke(&mut conn).await? {
+                            Reply { granted: 1, n, .. } => (1, n),
+                            Reply {
+                                n: pttl, foreign, ..
+                            } => {
+                                // PTTL: -2 gone since (free now), -1 no
+                                // expiry (not a lock of ours: unknown).
+                                let left = match pttl {
+                                    -1 => None,
+                                    ms => Some(Duration::from_millis(ms.max(0) as u64)),
                                 };
-                                let short = replicate(&mut conn, min, &[keys.lock], token).await?;
-                                let fence = fence_key.map(|_| answer.1.max(0) as u64);
-                                Ok((Attempt::Granted { fence }, short))
+                                let busy = Attempt::Busy { left, foreign };
+                                return Ok((busy, None));
                             }
-                        })
-                        .await?
-                    }
-                };
-                match (short, min) {
-                    (Some(acked), Some(min)) => Err(too_few_replicas(acked, min, self.addr())),
-                    _ => Ok(attempt),
-                }
-            }
-
-            /// Takes over a lease handed off in-process: the new holder's ttl, and a
-            /// new fencing token when `keys.fence` is set. `Ok(None)`: not ours.
-            pub(crate) async fn take_over(
-                &self,
-                keys: &LockKeys<'_>,
-                token: &Token,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<Option<Attempt>, LockError> {
-                let ttl_ms = ttl_millis(ttl);
-                let answer: u64 = self
-                    .call(limit, true, |mut conn| {
-                        let mut inv =
-                            Eval::new(&scripts::TAKE_OVER, 1 + usize::from(keys.fence.is_some()));
-                        inv.key(keys.lock);
-                        if let Some(fence_key) = keys.fence {
-                            inv.key(fence_key);
-                        }
-                        inv.arg(token).arg(ttl_ms);
-                        if keys.fence.is_some() {
-                            inv.arg(ttl_millis(fence_retention(ttl)));
-                        }
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(match (answer, keys.fence) {
-                    (0, _) => None,
-                    (fence, Some(_)) => Some(Attempt::Granted { fence: Some(fence) }),
-                    (_, None) => Some(Attempt::Granted { fence: None }),
-                })
-            }
-
-            /// Renews the lease: its expiry raised to `ttl` if it is ours, never
-            /// lowered. `Ok(false)`: the lock is no longer ours here.
-            pub(crate) async fn renew(
-                &self,
-                key: &str,
-                token: &Token,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                self.expire_if_ours(&scripts::RENEW, key, token, ttl, limit)
-                    .await
-            }
-
-            /// Sets the lease's expiry to exactly `ttl` if it is ours, shorter or
-            /// longer. `Ok(false)`: the lock is no longer ours here.
-            pub(crate) async fn set_ttl(
-                &self,
-                key: &str,
-                token: &Token,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                self.expire_if_ours(&scripts::SET_TTL, key, token, ttl, limit)
-                    .await
-            }
-
-            /// [`renew`](Self::renew) or [`set_ttl`](Self::set_ttl): `script`
-            /// takes the key, the token and the ttl, and answers 1 when ours.
-            async fn expire_if_ours(
-                &self,
-                script: &'static redis::Script,
-                key: &str,
-                token: &Token,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                let ttl_ms = ttl_millis(ttl);
-                let answer: i64 = self
-                    .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(script, 1);
-                        inv.key(key).arg(token).arg(ttl_ms);
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(answer == 1)
-            }
-
-            /// [`renew`](Self::renew) for many leases in one script call each
-            /// [`BATCH`] of them, at most [`RENEW_WINDOW`] calls in flight, all
-            /// within `limit`; the answers in order. A call that fails (a
-            /// timeout under load, say) leaves only its own leases unanswered,
-            /// and calls not sent when the time is up are not sent at all: a
-            /// round too large for the server loses its tail, not all of it,
-            /// and leaves at most the window's calls queued at the server.
-            pub(crate) async fn renew_many<R: Renewable>(
-                &self,
-                due: &[R],
-                limit: Duration,
-            ) -> Batched {
-                let until = tokio::time::Instant::now() + limit;
-                // Made up front (each starts when first polled): a stream's
-                // `map` closure here makes the heartbeat's future not `Send`
-                // for the compiler.
-                let calls: Vec<_> = due
-                    .chunks(BATCH)
-                    .map(|chunk| async move {
-                        let left = until.saturating_duration_since(tokio::time::Instant::now());
-                        let answer = if left.is_zero() {
-                            Err(LockError::new(ErrorKind::Unavailable).with_message(
-                                "the renewal round ran out of time before this batch was sent",
-                            ))
-                        } else {
-                            self.renew_batch(chunk, left).await
                         };
-                        answer.map_err(|e| (e, chunk.len()))
-                    })
-                    .collect();
-                let calls = futures::stream::iter(calls).buffered(RENEW_WINDOW);
-                let mut batched = Batched {
-                    each: Vec::with_capacity(due.len()),
-                    error: None,
-                };
-                let answers: Vec<_> = calls.collect().await;
-                for answer in answers {
-                    match answer {
-                        Ok(renewed) => batched
-                            .each
-                            .extend(renewed.into_iter().map(|r| Some(r == 1))),
-                        Err((e, len)) => {
-                            batched.each.extend(std::iter::repeat_n(None, len));
-                            batched.error.get_or_insert(e);
-                        }
+                        let short = replicate(&mut conn, min, &[keys.lock], token).await?;
+                        let fence = fence_key.map(|_| answer.1.max(0) as u64);
+                        Ok((Attempt::Granted { fence }, short))
                     }
+                })
+                .await?
+            }
+        };
+        match (short, min) {
+            (Some(acked), Some(min)) => Err(too_few_replicas(acked, min, self.addr())),
+            _ => Ok(attempt),
+        }
+    }
+
+    /// Takes over a lease handed off in-process: the new holder's ttl, and a
+    /// new fencing token when `keys.fence` is set. `Ok(None)`: not ours.
+    async fn take_over(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Option<Attempt>, LockError> {
+        let ttl_ms = ttl_millis(ttl);
+        let answer: u64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = Eval::new(&scripts::TAKE_OVER, 1 + usize::from(keys.fence.is_some()));
+                inv.key(keys.lock);
+                if let Some(fence_key) = keys.fence {
+                    inv.key(fence_key);
                 }
-                batched
-            }
-
-            /// One call of [`renew_many`](Self::renew_many): at most
-            /// [`BATCH`] leases.
-            async fn renew_batch<R: Renewable>(
-                &self,
-                chunk: &[R],
-                limit: Duration,
-            ) -> Result<Vec<i64>, LockError> {
-                let renewed = self
-                    .call(limit, true, move |mut conn| {
-                        let mut inv = Eval::new(&scripts::RENEW_MANY, chunk.len());
-                        for d in chunk {
-                            inv.key(d.storage_key());
-                        }
-                        for d in chunk {
-                            inv.arg(d.token()).arg(ttl_millis(d.ttl()));
-                        }
-                        async move { inv.invoke::<Vec<i64>>(&mut conn).await }
-                    })
-                    .await?;
-                if renewed.len() != chunk.len() {
-                    return Err(LockError::new(ErrorKind::Server)
-                        .with_message("the batch renewal answered for the wrong number of keys"));
+                inv.arg(token).arg(ttl_ms);
+                if keys.fence.is_some() {
+                    inv.arg(ttl_millis(fence_retention(ttl)));
                 }
-                Ok(renewed)
-            }
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(match (answer, keys.fence) {
+            (0, _) => None,
+            (fence, Some(_)) => Some(Attempt::Granted { fence: Some(fence) }),
+            (_, None) => Some(Attempt::Granted { fence: None }),
+        })
+    }
 
-            /// Compare-and-delete. `Ok(false)`: the lock was no longer ours here.
-            pub(crate) async fn release(
-                &self,
-                key: &str,
-                token: &Token,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                self.delete_if_ours(key, token, true, limit).await
-            }
+    /// Renews the lease: its expiry raised to `ttl` if it is ours, never
+    /// lowered. `Ok(false)`: the lock is no longer ours here.
+    async fn renew(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        self.expire_if_ours(&scripts::RENEW, key, token, ttl, limit)
+            .await
+    }
 
-            /// [`release`](Self::release) telling no waiter: the undo of an
-            /// attempt that did not win.
-            pub(crate) async fn undo(
-                &self,
-                key: &str,
-                token: &Token,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                self.delete_if_ours(key, token, false, limit).await
-            }
+    /// Sets the lease's expiry to exactly `ttl` if it is ours, shorter or
+    /// longer. `Ok(false)`: the lock is no longer ours here.
+    async fn set_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        self.expire_if_ours(&scripts::SET_TTL, key, token, ttl, limit)
+            .await
+    }
 
-            async fn delete_if_ours(
-                &self,
-                key: &str,
-                token: &Token,
-                publish: bool,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                let released: i64 = self
-                    .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::RELEASE, 1);
-                        inv.key(key).arg(token);
-                        if !publish {
-                            inv.arg("quiet");
-                        }
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(released == 1)
-            }
+    /// [`renew`](Self::renew) or [`set_ttl`](Self::set_ttl): `script`
+    /// takes the key, the token and the ttl, and answers 1 when ours.
+    async fn expire_if_ours(
+        &self,
+        script: &'static redis::Script,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let ttl_ms = ttl_millis(ttl);
+        let answer: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = Eval::new(script, 1);
+                inv.key(key).arg(token).arg(ttl_ms);
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(answer == 1)
+    }
 
-            /// Raises the fence counter to at least `fence` while our lock is held
-            /// here. `Ok(false)`: the lock is not ours here (any more).
-            pub(crate) async fn lift_fence(
-                &self,
-                keys: &LockKeys<'_>,
-                token: &Token,
-                fence: u64,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                let Some(fence_key) = keys.fence else {
-                    return Ok(true);
+    /// [`renew`](Self::renew) for many leases in one script call each
+    /// [`BATCH`] of them, at most [`RENEW_WINDOW`] calls in flight, all
+    /// within `limit`; the answers in order. A call that fails (a
+    /// timeout under load, say) leaves only its own leases unanswered,
+    /// and calls not sent when the time is up are not sent at all: a
+    /// round too large for the server loses its tail, not all of it,
+    /// and leaves at most the window's calls queued at the server.
+    async fn renew_many<R: Renewable>(&self, due: &[R], limit: Duration) -> Batched {
+        let until = tokio::time::Instant::now() + limit;
+        // Made up front (each starts when first polled): a stream's
+        // `map` closure here makes the heartbeat's future not `Send`
+        // for the compiler.
+        let calls: Vec<_> = due
+            .chunks(BATCH)
+            .map(|chunk| async move {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                let answer = if left.is_zero() {
+                    Err(LockError::new(ErrorKind::Unavailable).with_message(
+                        "the renewal round ran out of time before this batch was sent",
+                    ))
+                } else {
+                    self.renew_batch(chunk, left).await
                 };
-                let lifted: i64 = self
-                    .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::LIFT_FENCE, 2);
-                        inv.key(keys.lock)
-                            .key(fence_key)
-                            .arg(token)
-                            .arg(fence)
-                            .arg(ttl_millis(fence_retention(ttl)));
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(lifted == 1)
-            }
-
-            /// Several keys in one script, all or none (see
-            /// [`scripts::ACQUIRE_ALL`]); every key in `keys` on this server
-            /// (in a cluster, in one slot).
-            pub(crate) async fn acquire_all(
-                &self,
-                keys: &[LockKeys<'_>],
-                token: &Token,
-                ttl: Duration,
-                writer_for: Duration,
-                limit: Duration,
-            ) -> Result<Several, LockError> {
-                let fenced = keys.iter().all(|k| k.fence.is_some());
-                let min = self.min_replicas;
-                let (answer, short) = self
-                    .call(limit, false, |mut conn| {
-                        let n = keys.len();
-                        let mut inv =
-                            Eval::new(&scripts::ACQUIRE_ALL, n * if fenced { 3 } else { 2 });
-                        for k in keys {
-                            inv.key(k.lock);
-                        }
-                        for k in keys {
-                            // Without marks the key's own name stands in
-                            // (same slot), and a mark lasting 0 ms tells the
-                            // script to write none.
-                            inv.key(k.writer.map_or(k.lock, |(w, _)| w));
-                        }
-                        if fenced {
-                            for k in keys {
-                                inv.key(k.fence.unwrap_or_default());
-                            }
-                        }
-                        let marked = keys.iter().all(|k| k.writer.is_some());
-                        let writer_ms = if marked { ttl_millis(writer_for) } else { 0 };
-                        // One value for every key: the token and holder
-                        // are the same, the fences differ (the script
-                        // writes each into its key's value).
-                        match keys.first() {
-                            Some(k) => inv.arg(k.value_of(token)),
-                            None => inv.arg(token),
-                        };
-                        inv.arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
-                        if fenced {
-                            inv.arg(ttl_millis(fence_retention(ttl)));
-                        }
-                        async move {
-                            let answer: Vec<i64> = inv.invoke(&mut conn).await?;
-                            if answer.first() != Some(&1) {
-                                return Ok((answer, None));
-                            }
-                            let locks: Vec<&str> = keys.iter().map(|k| k.lock).collect();
-                            let short = replicate(&mut conn, min, &locks, token).await?;
-                            Ok((answer, short))
-                        }
-                    })
-                    .await?;
-                if let (Some(acked), Some(min)) = (short, min) {
-                    return Err(too_few_replicas(acked, min, self.addr()));
+                answer.map_err(|e| (e, chunk.len()))
+            })
+            .collect();
+        let calls = futures::stream::iter(calls).buffered(RENEW_WINDOW);
+        let mut batched = Batched {
+            each: Vec::with_capacity(due.len()),
+            error: None,
+        };
+        let answers: Vec<_> = calls.collect().await;
+        for answer in answers {
+            match answer {
+                Ok(renewed) => batched
+                    .each
+                    .extend(renewed.into_iter().map(|r| Some(r == 1))),
+                Err((e, len)) => {
+                    batched.each.extend(std::iter::repeat_n(None, len));
+                    batched.error.get_or_insert(e);
                 }
-                Ok(several(&answer, keys.len(), fenced))
-            }
-
-            /// A shared holder or a permit joins the key's holder set (see
-            /// [`scripts::SHARED_ACQUIRE`]).
-            pub(crate) async fn shared_acquire(
-                &self,
-                keys: &SharedKeys<'_>,
-                token: &Token,
-                ttl: Duration,
-                limit: Duration,
-            ) -> Result<SharedAttempt, LockError> {
-                let answer: (i64, redis::Value) = self
-                    .call(limit, false, |mut conn| {
-                        let mut inv = Eval::new(&scripts::SHARED_ACQUIRE, 3);
-                        inv.key(keys.lock)
-                            .key(keys.holders)
-                            .key(keys.writer)
-                            .arg(token)
-                            .arg(ttl_millis(ttl))
-                            .arg(keys.marker)
-                            .arg(keys.limit);
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(match answer {
-                    (1, _) => SharedAttempt::Granted,
-                    (-1, held) => SharedAttempt::Mismatch(
-                        redis::from_redis_value::<String>(held).unwrap_or_default(),
-                    ),
-                    (_, left) => SharedAttempt::Busy {
-                        left: redis::from_redis_value::<i64>(left)
-                            .ok()
-                            .filter(|ms| *ms >= 0)
-                            .map(|ms| Duration::from_millis(ms as u64)),
-                    },
-                })
-            }
-
-            /// A holder leaves its key's holder set; `Ok(false)`: it was no
-            /// longer in it.
-            pub(crate) async fn shared_release(
-                &self,
-                keys: &SharedKeys<'_>,
-                token: &Token,
-                limit: Duration,
-            ) -> Result<bool, LockError> {
-                let released: i64 = self
-                    .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::SHARED_RELEASE, 2);
-                        inv.key(keys.lock)
-                            .key(keys.holders)
-                            .arg(token)
-                            .arg(keys.marker);
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(released == 1)
-            }
-
-            /// Renews holders in their holder sets (`exact`: sets their
-            /// expiry to the ttl, shorter or longer); the answers in order.
-            pub(crate) async fn shared_renew(
-                &self,
-                holders: &[SharedLease<'_>],
-                exact: bool,
-                limit: Duration,
-            ) -> Result<Vec<bool>, LockError> {
-                let calls = holders.chunks(BATCH).map(|chunk| {
-                    self.call(limit, true, move |mut conn| {
-                        let mut inv = Eval::new(&scripts::SHARED_RENEW, 2 * chunk.len());
-                        for h in chunk {
-                            inv.key(h.keys.lock).key(h.keys.holders);
-                        }
-                        inv.arg(u8::from(exact));
-                        for h in chunk {
-                            inv.arg(h.keys.marker).arg(h.token).arg(ttl_millis(h.ttl));
-                        }
-                        async move { inv.invoke::<Vec<i64>>(&mut conn).await }
-                    })
-                });
-                let mut renewed = Vec::with_capacity(holders.len());
-                for answer in join_all(calls).await {
-                    renewed.extend(answer?.into_iter().map(|r| r == 1));
-                }
-                if renewed.len() != holders.len() {
-                    return Err(LockError::new(ErrorKind::Server).with_message(
-                        "the holder renewal answered for the wrong number of holders",
-                    ));
-                }
-                Ok(renewed)
-            }
-
-            /// The Redis type of `key` (`"string"` for a lock, `"none"` when absent).
-            pub(crate) async fn key_type(
-                &self,
-                key: &str,
-                limit: Duration,
-            ) -> Result<String, LockError> {
-                self.call(limit, true, |mut conn| {
-                    let mut cmd = redis::cmd("TYPE");
-                    cmd.arg(key);
-                    async move { cmd.query_async(&mut conn).await }
-                })
-                .await
-            }
-
-            /// A round trip that proves the server answers.
-            pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
-                self.call(limit, false, |mut conn| async move {
-                    redis::cmd("PING").query_async::<String>(&mut conn).await
-                })
-                .await
-                .map(drop)
             }
         }
-    };
+        batched
+    }
+
+    /// One call of [`renew_many`](Self::renew_many): at most
+    /// [`BATCH`] leases.
+    async fn renew_batch<R: Renewable>(
+        &self,
+        chunk: &[R],
+        limit: Duration,
+    ) -> Result<Vec<i64>, LockError> {
+        let renewed = self
+            .call(limit, true, move |mut conn| {
+                let mut inv = Eval::new(&scripts::RENEW_MANY, chunk.len());
+                for d in chunk {
+                    inv.key(d.storage_key());
+                }
+                for d in chunk {
+                    inv.arg(d.token()).arg(ttl_millis(d.ttl()));
+                }
+                async move { inv.invoke::<Vec<i64>>(&mut conn).await }
+            })
+            .await?;
+        if renewed.len() != chunk.len() {
+            return Err(LockError::new(ErrorKind::Server)
+                .with_message("the batch renewal answered for the wrong number of keys"));
+        }
+        Ok(renewed)
+    }
+
+    /// Compare-and-delete. `Ok(false)`: the lock was no longer ours here.
+    async fn release(&self, key: &str, token: &Token, limit: Duration) -> Result<bool, LockError> {
+        self.delete_if_ours(key, token, true, limit).await
+    }
+
+    /// [`release`](Self::release) telling no waiter: the undo of an
+    /// attempt that did not win.
+    async fn undo(&self, key: &str, token: &Token, limit: Duration) -> Result<bool, LockError> {
+        self.delete_if_ours(key, token, false, limit).await
+    }
+
+    async fn delete_if_ours(
+        &self,
+        key: &str,
+        token: &Token,
+        publish: bool,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let released: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = Eval::new(&scripts::RELEASE, 1);
+                inv.key(key).arg(token);
+                if !publish {
+                    inv.arg("quiet");
+                }
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// Raises the fence counter to at least `fence` while our lock is held
+    /// here. `Ok(false)`: the lock is not ours here (any more).
+    async fn lift_fence(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        fence: u64,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let Some(fence_key) = keys.fence else {
+            return Ok(true);
+        };
+        let lifted: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = Eval::new(&scripts::LIFT_FENCE, 2);
+                inv.key(keys.lock)
+                    .key(fence_key)
+                    .arg(token)
+                    .arg(fence)
+                    .arg(ttl_millis(fence_retention(ttl)));
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(lifted == 1)
+    }
+
+    /// Several keys in one script, all or none (see
+    /// [`scripts::ACQUIRE_ALL`]); every key in `keys` on this server
+    /// (in a cluster, in one slot).
+    async fn acquire_all(
+        &self,
+        keys: &[LockKeys<'_>],
+        token: &Token,
+        ttl: Duration,
+        writer_for: Duration,
+        limit: Duration,
+    ) -> Result<Several, LockError> {
+        let fenced = keys.iter().all(|k| k.fence.is_some());
+        let min = self.min_replicas();
+        let (answer, short) = self
+            .call(limit, false, |mut conn| {
+                let n = keys.len();
+                let mut inv = Eval::new(&scripts::ACQUIRE_ALL, n * if fenced { 3 } else { 2 });
+                for k in keys {
+                    inv.key(k.lock);
+                }
+                for k in keys {
+                    // Without marks the key's own name stands in
+                    // (same slot), and a mark lasting 0 ms tells the
+                    // script to write none.
+                    inv.key(k.writer.map_or(k.lock, |(w, _)| w));
+                }
+                if fenced {
+                    for k in keys {
+                        inv.key(k.fence.unwrap_or_default());
+                    }
+                }
+                let marked = keys.iter().all(|k| k.writer.is_some());
+                let writer_ms = if marked { ttl_millis(writer_for) } else { 0 };
+                // One value for every key: the token and holder
+                // are the same, the fences differ (the script
+                // writes each into its key's value).
+                match keys.first() {
+                    Some(k) => inv.arg(k.value_of(token)),
+                    None => inv.arg(token),
+                };
+                inv.arg(ttl_millis(ttl)).arg(n).arg(writer_ms);
+                if fenced {
+                    inv.arg(ttl_millis(fence_retention(ttl)));
+                }
+                async move {
+                    let answer: Vec<i64> = inv.invoke(&mut conn).await?;
+                    if answer.first() != Some(&1) {
+                        return Ok((answer, None));
+                    }
+                    let locks: Vec<&str> = keys.iter().map(|k| k.lock).collect();
+                    let short = replicate(&mut conn, min, &locks, token).await?;
+                    Ok((answer, short))
+                }
+            })
+            .await?;
+        if let (Some(acked), Some(min)) = (short, min) {
+            return Err(too_few_replicas(acked, min, self.addr()));
+        }
+        Ok(several(&answer, keys.len(), fenced))
+    }
+
+    /// A shared holder or a permit joins the key's holder set (see
+    /// [`scripts::SHARED_ACQUIRE`]).
+    async fn shared_acquire(
+        &self,
+        keys: &SharedKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<SharedAttempt, LockError> {
+        let answer: (i64, redis::Value) = self
+            .call(limit, false, |mut conn| {
+                let mut inv = Eval::new(&scripts::SHARED_ACQUIRE, 3);
+                inv.key(keys.lock)
+                    .key(keys.holders)
+                    .key(keys.writer)
+                    .arg(token)
+                    .arg(ttl_millis(ttl))
+                    .arg(keys.marker)
+                    .arg(keys.limit);
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(match answer {
+            (1, _) => SharedAttempt::Granted,
+            (-1, held) => {
+                SharedAttempt::Mismatch(redis::from_redis_value::<String>(held).unwrap_or_default())
+            }
+            (_, left) => SharedAttempt::Busy {
+                left: redis::from_redis_value::<i64>(left)
+                    .ok()
+                    .filter(|ms| *ms >= 0)
+                    .map(|ms| Duration::from_millis(ms as u64)),
+            },
+        })
+    }
+
+    /// A holder leaves its key's holder set; `Ok(false)`: it was no
+    /// longer in it.
+    async fn shared_release(
+        &self,
+        keys: &SharedKeys<'_>,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        let released: i64 = self
+            .call(limit, true, |mut conn| {
+                let mut inv = Eval::new(&scripts::SHARED_RELEASE, 2);
+                inv.key(keys.lock)
+                    .key(keys.holders)
+                    .arg(token)
+                    .arg(keys.marker);
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// Renews holders in their holder sets (`exact`: sets their
+    /// expiry to the ttl, shorter or longer); the answers in order.
+    async fn shared_renew(
+        &self,
+        holders: &[SharedLease<'_>],
+        exact: bool,
+        limit: Duration,
+    ) -> Result<Vec<bool>, LockError> {
+        let calls = holders.chunks(BATCH).map(|chunk| {
+            self.call(limit, true, move |mut conn| {
+                let mut inv = Eval::new(&scripts::SHARED_RENEW, 2 * chunk.len());
+                for h in chunk {
+                    inv.key(h.keys.lock).key(h.keys.holders);
+                }
+                inv.arg(u8::from(exact));
+                for h in chunk {
+                    inv.arg(h.keys.marker).arg(h.token).arg(ttl_millis(h.ttl));
+                }
+                async move { inv.invoke::<Vec<i64>>(&mut conn).await }
+            })
+        });
+        let mut renewed = Vec::with_capacity(holders.len());
+        for answer in join_all(calls).await {
+            renewed.extend(answer?.into_iter().map(|r| r == 1));
+        }
+        if renewed.len() != holders.len() {
+            return Err(LockError::new(ErrorKind::Server)
+                .with_message("the holder renewal answered for the wrong number of holders"));
+        }
+        Ok(renewed)
+    }
+
+    /// The Redis type of `key` (`"string"` for a lock, `"none"` when absent).
+    async fn key_type(&self, key: &str, limit: Duration) -> Result<String, LockError> {
+        self.call(limit, true, |mut conn| {
+            let mut cmd = redis::cmd("TYPE");
+            cmd.arg(key);
+            async move { cmd.query_async(&mut conn).await }
+        })
+        .await
+    }
+
+    /// A round trip that proves the server answers.
+    async fn ping(&self, limit: Duration) -> Result<(), LockError> {
+        self.call(limit, false, |mut conn| async move {
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        })
+        .await
+        .map(drop)
+    }
 }
 
-lock_commands!(Node);
-lock_commands!(ClusterNode);
+impl<S: Server> LockCommands for S {}
 
 /// After a granted acquisition, with `min_replicas`: `WAIT` on the same
 /// connection (so it covers the lock's write). When too few replicas
@@ -593,14 +566,29 @@ fn too_few_replicas(acked: i64, min: MinReplicas, addr: &str) -> LockError {
 /// [`scripts::ACQUIRE`]'s answer: `{1, fence}`, or `{0, pttl, foreign}`
 /// (`foreign` left out by a server still running an older version of the
 /// script reads as ours).
-struct Reply(i64, i64, bool);
+struct Reply {
+    /// 1 when granted.
+    granted: i64,
+    /// Granted: the fencing token; busy: the holder's `PTTL`.
+    n: i64,
+    /// Busy: the value is not one of lock-core's.
+    foreign: bool,
+}
 
 impl redis::FromRedisValue for Reply {
     fn from_redis_value(v: redis::Value) -> Result<Reply, redis::ParsingError> {
         let answer: Vec<i64> = redis::from_redis_value(v)?;
         match answer[..] {
-            [granted, n] => Ok(Reply(granted, n, false)),
-            [granted, n, foreign, ..] => Ok(Reply(granted, n, foreign == 1)),
+            [granted, n] => Ok(Reply {
+                granted,
+                n,
+                foreign: false,
+            }),
+            [granted, n, foreign, ..] => Ok(Reply {
+                granted,
+                n,
+                foreign: foreign == 1,
+            }),
             _ => Err(redis::ParsingError::from(format!(
                 "unexpected acquisition answer {answer:?}"
             ))),
@@ -632,6 +620,7 @@ fn ttl_millis(ttl: Duration) -> u64 {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::backend::Node;
     use lock_testkit::RedisServer;
 
     const LIMIT: Duration = Duration::from_secs(5);

@@ -1,6 +1,7 @@
 //! Where locks live: one Redis server, a Redlock quorum of several, or a
 //! Redis Cluster.
 
+mod calls;
 mod cluster;
 mod commands;
 mod connection;
@@ -8,8 +9,17 @@ mod memory;
 mod node;
 mod operators;
 mod quorum;
+mod server;
 mod wakeup;
 mod wire;
+
+pub(crate) use calls::{
+    Attempt, BATCH, Batched, LockKeys, RenewOutcome, Renewable, Several, SharedAttempt, SharedKeys,
+    SharedLease, no_shared_on_redlock,
+};
+pub(crate) use commands::LockCommands;
+pub(crate) use operators::{KeyPage, OperatorCommands};
+pub(crate) use server::Server;
 
 pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;
@@ -18,218 +28,11 @@ pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;
 pub(crate) use wakeup::{Subscription, Wakeups};
 
-use crate::error::{ErrorKind, LockError};
+use crate::error::LockError;
 use crate::observe;
-use crate::token::{Holder, Stamped, Token};
+use crate::token::Token;
 use futures::future::join_all;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// The most keys renewed by one script call.
-pub(crate) const BATCH: usize = 256;
-
-/// One lease in a round of renewals, as the servers need it.
-pub(crate) trait Renewable: Sync {
-    /// The Redis key.
-    fn storage_key(&self) -> &str;
-    fn token(&self) -> &Token;
-    /// The ttl to renew it for.
-    fn ttl(&self) -> Duration;
-    /// The lock's name as its holder gave it, for messages.
-    fn name(&self) -> &str;
-}
-
-impl<R: Renewable> Renewable for &R {
-    fn storage_key(&self) -> &str {
-        (**self).storage_key()
-    }
-    fn token(&self) -> &Token {
-        (**self).token()
-    }
-    fn ttl(&self) -> Duration {
-        (**self).ttl()
-    }
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-}
-
-/// One server's answers to a round of batched renewals: for each lease,
-/// whether it was still ours, or `None` when its batch's call failed (with
-/// the first such failure in `error`).
-pub(crate) struct Batched {
-    pub(crate) each: Vec<Option<bool>>,
-    pub(crate) error: Option<LockError>,
-}
-
-impl Batched {
-    /// The answers as renewals, reporting a failure (with how many leases
-    /// it left unanswered) under the first unanswered lease's name.
-    fn renewals<R: Renewable>(self, due: &[R]) -> Vec<RenewOutcome> {
-        if let Some(e) = &self.error {
-            let unanswered = self.each.iter().filter(|r| r.is_none()).count();
-            let first = self
-                .each
-                .iter()
-                .position(Option::is_none)
-                .and_then(|i| due.get(i));
-            if let Some(first) = first {
-                observe::renewal_failed(first.name(), unanswered, e);
-            }
-        }
-        let failed = self
-            .error
-            .as_ref()
-            .map_or(RenewOutcome::Failed, RenewOutcome::failed);
-        self.each
-            .into_iter()
-            .map(|answer| match answer {
-                Some(true) => RenewOutcome::Renewed,
-                Some(false) => RenewOutcome::NotOurs,
-                None => failed,
-            })
-            .collect()
-    }
-}
-
-/// What a round of renewals said about one lease.
-#[derive(Clone, Copy)]
-pub(crate) enum RenewOutcome {
-    Renewed,
-    NotOurs,
-    /// Not ours because an operator broke the lock (its tombstone names
-    /// our token).
-    Evicted,
-    /// No answer, or not enough of them: nobody can tell.
-    Failed,
-    /// An error answer that waiting will not change (a permission the
-    /// ACL denies): the lease cannot be kept.
-    Refused,
-}
-
-impl RenewOutcome {
-    /// What a failed renewal call means for its leases.
-    pub(crate) fn failed(error: &LockError) -> RenewOutcome {
-        match error.kind() {
-            ErrorKind::Server => RenewOutcome::Refused,
-            _ => RenewOutcome::Failed,
-        }
-    }
-}
-
-/// The answer to one acquisition attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// The lock is ours; `fence` is set when a fencing token was asked for.
-    Granted { fence: Option<u64> },
-    /// Someone else holds it; `left`: how long its lease has left, when
-    /// the attempt learnt it (every attempt but a first one without
-    /// fencing); `foreign`: its value is not one of ours (another library
-    /// holds it, whose release publishes nothing), when the attempt learnt
-    /// it (as `left`).
-    Busy {
-        left: Option<Duration>,
-        foreign: bool,
-    },
-}
-
-impl Attempt {
-    /// Held by someone else, nothing more known (a first attempt's plain
-    /// `SET NX`, or the fencing script).
-    pub(crate) const HELD: Attempt = Attempt::Busy {
-        left: None,
-        foreign: false,
-    };
-}
-
-/// The keys one lock touches; they share a hash slot.
-pub(crate) struct LockKeys<'a> {
-    pub(crate) lock: &'a str,
-    pub(crate) fence: Option<&'a str>,
-    /// On an attempt after the first: the key's writer mark, and how long an
-    /// attempt that finds shared holders sets it for (see
-    /// `scripts::ACQUIRE`). The first attempt without fencing is a plain
-    /// `SET NX`.
-    pub(crate) writer: Option<(&'a str, Duration)>,
-    /// Who acquires: named in the value an acquisition stores (see
-    /// `Stamped`); the token alone when `None`.
-    pub(crate) holder: Option<&'a Arc<Holder>>,
-}
-
-impl LockKeys<'_> {
-    /// The same keys, borrowed for a shorter time.
-    pub(crate) fn reborrow(&self) -> LockKeys<'_> {
-        LockKeys {
-            lock: self.lock,
-            fence: self.fence,
-            writer: self.writer,
-            holder: self.holder,
-        }
-    }
-
-    /// What an acquisition by `token` stores under the lock key.
-    pub(crate) fn value_of<'t>(&'t self, token: &'t Token) -> Stamped<'t> {
-        Stamped {
-            token,
-            holder: self.holder.map(|h| &**h),
-        }
-    }
-}
-
-/// The answer to an attempt on several keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Several {
-    /// Every key is ours: with fencing, each key's token, in order (empty
-    /// without).
-    Granted(Vec<u64>),
-    /// The key at `at` is held; none was taken.
-    Busy { at: usize },
-}
-
-/// The answer to a shared holder's or a permit's attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SharedAttempt {
-    Granted,
-    /// Held exclusively, an exclusive holder waits (for shared), or every
-    /// permit is taken; `left`: how long until that may change, when known.
-    Busy {
-        left: Option<Duration>,
-    },
-    /// The key is held as something else: the marker found (`shared`, or
-    /// `permits:N` with another N).
-    Mismatch(String),
-}
-
-/// The keys of a lock with shared holders or permits; one hash slot.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedKeys<'a> {
-    /// The lock key: the marker while holders exist.
-    pub(crate) lock: &'a str,
-    /// The holder set.
-    pub(crate) holders: &'a str,
-    /// The writer mark.
-    pub(crate) writer: &'a str,
-    /// `shared` or `permits:N`.
-    pub(crate) marker: &'a str,
-    /// N, or 0 for shared.
-    pub(crate) limit: u32,
-}
-
-/// One holder in a round of holder renewals.
-pub(crate) struct SharedLease<'a> {
-    pub(crate) keys: SharedKeys<'a>,
-    pub(crate) token: &'a Token,
-    pub(crate) ttl: Duration,
-}
-
-/// Why shared locks and permits are refused on Redlock.
-pub(crate) fn no_shared_on_redlock() -> LockError {
-    LockError::options(
-        "shared locks and permits are not available on Redlock: a holder set \
-         kept on several independent servers has no majority rule that keeps \
-         its count; use one server, Sentinel or Cluster for them",
-    )
-}
 
 /// The storage behind a client.
 // One per client, behind its Arc: the size difference costs nothing.
@@ -303,61 +106,14 @@ impl Backend {
         }
     }
 
-    /// A shared holder's or a permit's attempt. Redlock has none.
-    pub(crate) async fn shared_acquire(
-        &self,
-        keys: &SharedKeys<'_>,
-        token: &Token,
-        ttl: Duration,
-        limit: Duration,
-    ) -> Result<SharedAttempt, LockError> {
+    /// The backend as one that has shared locks and permits: every one but
+    /// Redlock, which is refused here, once, with the reason.
+    pub(crate) fn shared(&self) -> Result<SharedBackend<'_>, LockError> {
         match self {
-            Backend::Single(node) => node.shared_acquire(keys, token, ttl, limit).await,
-            Backend::Cluster(node) => node.shared_acquire(keys, token, ttl, limit).await,
+            Backend::Single(node) => Ok(SharedBackend::Single(node)),
+            Backend::Cluster(node) => Ok(SharedBackend::Cluster(node)),
             Backend::Redlock(_) => Err(no_shared_on_redlock()),
-            Backend::Memory(store) => Ok(store.shared_acquire(keys, token, ttl)),
-        }
-    }
-
-    /// A shared holder or a permit lets go. `Ok(false)`: it was no longer
-    /// held.
-    pub(crate) async fn shared_release(
-        &self,
-        keys: &SharedKeys<'_>,
-        token: &Token,
-        limit: Duration,
-    ) -> Result<bool, LockError> {
-        match self {
-            Backend::Single(node) => node.shared_release(keys, token, limit).await,
-            Backend::Cluster(node) => node.shared_release(keys, token, limit).await,
-            Backend::Redlock(_) => Err(no_shared_on_redlock()),
-            Backend::Memory(store) => Ok(store.shared_release(keys, token)),
-        }
-    }
-
-    /// Renews shared holders or permits (`exact`: to exactly their ttl);
-    /// one answer per holder, in order.
-    pub(crate) async fn shared_renew(
-        &self,
-        holders: &[SharedLease<'_>],
-        exact: bool,
-        limit: Duration,
-    ) -> Result<Vec<bool>, LockError> {
-        match self {
-            Backend::Single(node) => node.shared_renew(holders, exact, limit).await,
-            // One call per holder: holders of different keys span slots.
-            Backend::Cluster(node) => {
-                let calls = holders
-                    .iter()
-                    .map(|h| node.shared_renew(std::slice::from_ref(h), exact, limit));
-                let mut renewed = Vec::with_capacity(holders.len());
-                for answer in join_all(calls).await {
-                    renewed.extend(answer?);
-                }
-                Ok(renewed)
-            }
-            Backend::Redlock(_) => Err(no_shared_on_redlock()),
-            Backend::Memory(store) => Ok(store.shared_renew(holders, exact)),
+            Backend::Memory(store) => Ok(SharedBackend::Memory(store)),
         }
     }
 
@@ -581,5 +337,220 @@ impl Backend {
             Backend::Cluster(node) => node.addr().to_owned(),
             Backend::Memory(_) => "in-memory".to_owned(),
         }
+    }
+}
+
+/// A backend that has shared locks and permits: there is no Redlock here,
+/// since a holder set kept on several independent servers has no majority
+/// rule that keeps its count (see [`Backend::shared`]).
+pub(crate) enum SharedBackend<'a> {
+    Single(&'a Node),
+    Cluster(&'a ClusterNode),
+    Memory(&'a MemoryStore),
+}
+
+impl SharedBackend<'_> {
+    /// A shared holder's or a permit's attempt.
+    pub(crate) async fn shared_acquire(
+        &self,
+        keys: &SharedKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<SharedAttempt, LockError> {
+        match self {
+            SharedBackend::Single(node) => node.shared_acquire(keys, token, ttl, limit).await,
+            SharedBackend::Cluster(node) => node.shared_acquire(keys, token, ttl, limit).await,
+            SharedBackend::Memory(store) => Ok(store.shared_acquire(keys, token, ttl)),
+        }
+    }
+
+    /// A shared holder or a permit lets go. `Ok(false)`: it was no longer
+    /// held.
+    pub(crate) async fn shared_release(
+        &self,
+        keys: &SharedKeys<'_>,
+        token: &Token,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        match self {
+            SharedBackend::Single(node) => node.shared_release(keys, token, limit).await,
+            SharedBackend::Cluster(node) => node.shared_release(keys, token, limit).await,
+            SharedBackend::Memory(store) => Ok(store.shared_release(keys, token)),
+        }
+    }
+
+    /// Renews shared holders or permits (`exact`: to exactly their ttl);
+    /// one answer per holder, in order.
+    pub(crate) async fn shared_renew(
+        &self,
+        holders: &[SharedLease<'_>],
+        exact: bool,
+        limit: Duration,
+    ) -> Result<Vec<bool>, LockError> {
+        match self {
+            SharedBackend::Single(node) => node.shared_renew(holders, exact, limit).await,
+            // One call per holder: holders of different keys span slots.
+            SharedBackend::Cluster(node) => {
+                let calls = holders
+                    .iter()
+                    .map(|h| node.shared_renew(std::slice::from_ref(h), exact, limit));
+                let mut renewed = Vec::with_capacity(holders.len());
+                for answer in join_all(calls).await {
+                    renewed.extend(answer?);
+                }
+                Ok(renewed)
+            }
+            SharedBackend::Memory(store) => Ok(store.shared_renew(holders, exact)),
+        }
+    }
+}
+
+// What operators ask of the servers (see `operators.rs`).
+impl Backend {
+    /// The server's clock in milliseconds (`TIME`); on Redlock the first
+    /// server's to answer, in memory this machine's.
+    pub(crate) async fn server_time_ms(&self, limit: Duration) -> Result<i64, LockError> {
+        match self {
+            Backend::Single(node) => node.server_time_ms(limit).await,
+            Backend::Cluster(node) => node.server_time_ms(limit).await,
+            // The first server to answer: the clock only dates values, and
+            // a frozen server must not hold the caller up.
+            Backend::Redlock(quorum) if !quorum.nodes().is_empty() => {
+                let calls = quorum
+                    .nodes()
+                    .iter()
+                    .map(|node| Box::pin(node.server_time_ms(limit)));
+                Ok(futures::future::select_ok(calls).await?.0)
+            }
+            Backend::Redlock(_) => Ok(crate::token::local_now_ms()),
+            Backend::Memory(_) => Ok(crate::token::local_now_ms()),
+        }
+    }
+
+    /// What holds `keys.lock` now; on Redlock, what a majority of the
+    /// servers agree on (see [`majority_state`]).
+    pub(crate) async fn inspect(
+        &self,
+        keys: &OperatorKeys<'_>,
+        limit: Duration,
+    ) -> Result<Option<RawState>, LockError> {
+        match self {
+            Backend::Single(node) => node.inspect(keys, limit).await,
+            Backend::Cluster(node) => node.inspect(keys, limit).await,
+            Backend::Redlock(quorum) => {
+                let calls = quorum.nodes().iter().map(|n| n.inspect(keys, limit));
+                operators::majority_state(calls.collect(), quorum.majority()).await
+            }
+            Backend::Memory(store) => Ok(store.inspect(keys.lock)),
+        }
+    }
+
+    /// Removes whatever holds `keys.lock`, publishes the wake-up and leaves
+    /// the tombstone; on Redlock on every server (evicted where any was).
+    pub(crate) async fn force_release(
+        &self,
+        keys: &OperatorKeys<'_>,
+        limit: Duration,
+    ) -> Result<Forced, LockError> {
+        match self {
+            Backend::Single(node) => node.force_release(keys, limit).await,
+            Backend::Cluster(node) => node.force_release(keys, limit).await,
+            Backend::Redlock(quorum) => {
+                let answers =
+                    join_all(quorum.nodes().iter().map(|n| n.force_release(keys, limit))).await;
+                let mut best = None;
+                let mut first_error = None;
+                for answer in answers {
+                    match answer {
+                        Ok(evicted @ Forced::Evicted { .. }) => best = Some(evicted),
+                        Ok(other) => {
+                            best.get_or_insert(other);
+                        }
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                match (best, first_error) {
+                    (Some(forced), _) => Ok(forced),
+                    (None, Some(e)) => Err(e),
+                    (None, None) => Ok(Forced::Free),
+                }
+            }
+            Backend::Memory(store) => Ok(store.force_release(keys.lock)),
+        }
+    }
+
+    /// One page of the keys matching `pattern` (a `SCAN MATCH` pattern),
+    /// from `at`. A cluster is scanned primary by primary; Redlock has no
+    /// listing (the servers' key sets differ while locks come and go).
+    pub(crate) async fn scan(
+        &self,
+        pattern: &str,
+        at: ScanAt,
+        limit: Duration,
+    ) -> Result<KeyPage, LockError> {
+        match self {
+            Backend::Single(node) => {
+                let (cursor, keys) = node.scan_once(pattern, at.cursor, limit).await?;
+                let next = (cursor != 0).then_some(ScanAt { server: 0, cursor });
+                Ok(KeyPage { keys, next })
+            }
+            Backend::Cluster(node) => node.scan_page(pattern, at, limit).await,
+            Backend::Redlock(_) => Err(LockError::config(
+                "listing locks is not available on Redlock: ask each server with \
+                 a client of its own, or inspect a key you know",
+            )),
+            Backend::Memory(store) => Ok(KeyPage {
+                keys: store.keys_matching(pattern),
+                next: None,
+            }),
+        }
+    }
+
+    /// Turns the `NotOurs` answers of a renewal round into `Evicted` where
+    /// the key's tombstone names the lease's token. A second call, and only
+    /// for leases already lost: the renewal itself stays as it was, and the
+    /// uncontended path pays nothing. Without an answer a lease stays
+    /// `NotOurs`.
+    pub(crate) async fn tell_evicted<R: Renewable>(
+        &self,
+        due: &[R],
+        answers: &mut [RenewOutcome],
+        limit: Duration,
+    ) {
+        let lost: Vec<usize> = (0..due.len().min(answers.len()))
+            .filter(|&i| matches!(answers[i], RenewOutcome::NotOurs))
+            .collect();
+        let checks = lost
+            .iter()
+            .map(|&i| self.was_evicted(due[i].storage_key(), due[i].token(), limit));
+        for (i, evicted) in lost.iter().zip(join_all(checks).await) {
+            if evicted {
+                answers[*i] = RenewOutcome::Evicted;
+            }
+        }
+    }
+
+    /// Whether the tombstone of `key` names `token`.
+    pub(crate) async fn was_evicted(&self, key: &str, token: &Token, limit: Duration) -> bool {
+        let tombstone = format!("{key}:evicted");
+        let found = match self {
+            Backend::Single(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
+            Backend::Cluster(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
+            Backend::Redlock(quorum) => {
+                let answers = join_all(
+                    quorum
+                        .nodes()
+                        .iter()
+                        .map(|n| n.tombstone(&tombstone, limit)),
+                )
+                .await;
+                answers.into_iter().flatten().flatten().next()
+            }
+            Backend::Memory(store) => return store.was_evicted(key, token),
+        };
+        found.is_some_and(|tokens| tokens.split(' ').any(|t| t == token.as_str()))
     }
 }

@@ -1,12 +1,14 @@
 //! One Redis server: a shared pipelined connection that reconnects, with a
 //! bound on every call.
 
+use super::Server;
 use super::connection::{self, Failure, SharedConnection};
 use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
 use crate::scripts::{self, Eval};
 use crate::token::Token;
+use futures::future::BoxFuture;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
@@ -306,53 +308,62 @@ impl Node {
     pub(crate) fn addr(&self) -> &str {
         &self.addr
     }
+}
 
-    /// Runs one call with the shared connection, bounded by `limit` in all
-    /// (waiting for a connection included).
-    ///
-    /// A broken connection is replaced. When `retry_on_drop` is set the call
-    /// is sent once more on the new connection: only for calls that are safe
-    /// to repeat (the compare-and-delete and compare-and-pexpire scripts).
-    pub(crate) async fn call<T, F, Fut>(
-        &self,
+impl Server for Node {
+    type Conn = Conn;
+
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn min_replicas(&self) -> Option<MinReplicas> {
+        self.min_replicas
+    }
+
+    fn call<'a, T, F, Fut>(
+        &'a self,
         limit: Duration,
         retry_on_drop: bool,
         f: F,
-    ) -> Result<T, LockError>
+    ) -> BoxFuture<'a, Result<T, LockError>>
     where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        T: Send + 'a,
+        F: Fn(Conn) -> Fut + Send + Sync + 'a,
+        Fut: Future<Output = redis::RedisResult<T>> + Send + 'a,
     {
-        let failure = |e: redis::RedisError| {
-            if self.follows_sentinels() && is_read_only(&e) {
-                // The server we reach is a replica now (a failover
-                // happened): ask the Sentinels again on the next
-                // connection, and let the caller retry.
-                return Failure::Replace(
-                    LockError::new(ErrorKind::Unavailable)
-                        .with_message(format!(
-                            "{} answered as a replica (READONLY): a failover is under way; \
-                             reconnecting to the new primary",
-                            self.addr
-                        ))
-                        .with_source(e),
-                );
-            }
-            if e.is_connection_dropped() || e.is_unrecoverable_error() {
-                return connection::lost(&self.addr, e);
-            }
-            Failure::Answer(from_redis(e))
-        };
-        self.connection
-            .call(
-                &self.addr,
-                limit,
-                retry_on_drop,
-                || self.target.clone().open(self.connect_timeout),
-                failure,
-                f,
-            )
-            .await
+        Box::pin(async move {
+            let failure = |e: redis::RedisError| {
+                if self.follows_sentinels() && is_read_only(&e) {
+                    // The server we reach is a replica now (a failover
+                    // happened): ask the Sentinels again on the next
+                    // connection, and let the caller retry.
+                    return Failure::Replace(
+                        LockError::new(ErrorKind::Unavailable)
+                            .with_message(format!(
+                                "{} answered as a replica (READONLY): a failover is under way; \
+                                 reconnecting to the new primary",
+                                self.addr
+                            ))
+                            .with_source(e),
+                    );
+                }
+                if e.is_connection_dropped() || e.is_unrecoverable_error() {
+                    return connection::lost(&self.addr, e);
+                }
+                Failure::Answer(from_redis(e))
+            };
+            self.connection
+                .call(
+                    &self.addr,
+                    limit,
+                    retry_on_drop,
+                    || self.target.clone().open(self.connect_timeout),
+                    failure,
+                    f,
+                )
+                .await
+        })
     }
 }
 

@@ -4,11 +4,9 @@
 //! These talk in keys and raw answers; the client's `inspect` module turns them into the
 //! public [`LockState`](crate::LockState).
 
-use super::{Backend, ClusterNode, Node, RenewOutcome, Renewable};
+use super::{ClusterNode, Node, Server};
 use crate::error::{ErrorKind, LockError};
 use crate::scripts::{self, Eval};
-use crate::token::Token;
-use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -70,167 +68,6 @@ pub(crate) struct OperatorKeys<'a> {
     pub(crate) tombstone: &'a str,
 }
 
-impl Backend {
-    /// The server's clock in milliseconds (`TIME`); on Redlock the first
-    /// server's to answer, in memory this machine's.
-    pub(crate) async fn server_time_ms(&self, limit: Duration) -> Result<i64, LockError> {
-        let time = |mut conn| async move {
-            let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
-            Ok(secs * 1000 + micros / 1000)
-        };
-        match self {
-            Backend::Single(node) => node.call(limit, true, time).await,
-            Backend::Cluster(node) => {
-                node.call(limit, true, |mut conn| async move {
-                    let (secs, micros): (i64, i64) =
-                        redis::cmd("TIME").query_async(&mut conn).await?;
-                    Ok(secs * 1000 + micros / 1000)
-                })
-                .await
-            }
-            // The first server to answer: the clock only dates values, and
-            // a frozen server must not hold the caller up.
-            Backend::Redlock(quorum) if !quorum.nodes().is_empty() => {
-                let calls = quorum
-                    .nodes()
-                    .iter()
-                    .map(|node| Box::pin(node.call(limit, true, time)));
-                Ok(futures::future::select_ok(calls).await?.0)
-            }
-            Backend::Redlock(_) => Ok(crate::token::local_now_ms()),
-            Backend::Memory(_) => Ok(crate::token::local_now_ms()),
-        }
-    }
-
-    /// What holds `keys.lock` now; on Redlock, what a majority of the
-    /// servers agree on (see [`majority_state`]).
-    pub(crate) async fn inspect(
-        &self,
-        keys: &OperatorKeys<'_>,
-        limit: Duration,
-    ) -> Result<Option<RawState>, LockError> {
-        match self {
-            Backend::Single(node) => node.inspect(keys, limit).await,
-            Backend::Cluster(node) => node.inspect(keys, limit).await,
-            Backend::Redlock(quorum) => {
-                let calls = quorum.nodes().iter().map(|n| n.inspect(keys, limit));
-                majority_state(calls.collect(), quorum.majority()).await
-            }
-            Backend::Memory(store) => Ok(store.inspect(keys.lock)),
-        }
-    }
-
-    /// Removes whatever holds `keys.lock`, publishes the wake-up and leaves
-    /// the tombstone; on Redlock on every server (evicted where any was).
-    pub(crate) async fn force_release(
-        &self,
-        keys: &OperatorKeys<'_>,
-        limit: Duration,
-    ) -> Result<Forced, LockError> {
-        match self {
-            Backend::Single(node) => node.force_release(keys, limit).await,
-            Backend::Cluster(node) => node.force_release(keys, limit).await,
-            Backend::Redlock(quorum) => {
-                let answers =
-                    join_all(quorum.nodes().iter().map(|n| n.force_release(keys, limit))).await;
-                let mut best = None;
-                let mut first_error = None;
-                for answer in answers {
-                    match answer {
-                        Ok(evicted @ Forced::Evicted { .. }) => best = Some(evicted),
-                        Ok(other) => {
-                            best.get_or_insert(other);
-                        }
-                        Err(e) => {
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
-                match (best, first_error) {
-                    (Some(forced), _) => Ok(forced),
-                    (None, Some(e)) => Err(e),
-                    (None, None) => Ok(Forced::Free),
-                }
-            }
-            Backend::Memory(store) => Ok(store.force_release(keys.lock)),
-        }
-    }
-
-    /// One page of the keys matching `pattern` (a `SCAN MATCH` pattern),
-    /// from `at`. A cluster is scanned primary by primary; Redlock has no
-    /// listing (the servers' key sets differ while locks come and go).
-    pub(crate) async fn scan(
-        &self,
-        pattern: &str,
-        at: ScanAt,
-        limit: Duration,
-    ) -> Result<KeyPage, LockError> {
-        match self {
-            Backend::Single(node) => {
-                let (cursor, keys) = node.scan_once(pattern, at.cursor, limit).await?;
-                let next = (cursor != 0).then_some(ScanAt { server: 0, cursor });
-                Ok(KeyPage { keys, next })
-            }
-            Backend::Cluster(node) => node.scan_page(pattern, at, limit).await,
-            Backend::Redlock(_) => Err(LockError::config(
-                "listing locks is not available on Redlock: ask each server with \
-                 a client of its own, or inspect a key you know",
-            )),
-            Backend::Memory(store) => Ok(KeyPage {
-                keys: store.keys_matching(pattern),
-                next: None,
-            }),
-        }
-    }
-}
-
-impl Backend {
-    /// Turns the `NotOurs` answers of a renewal round into `Evicted` where
-    /// the key's tombstone names the lease's token. A second call, and only
-    /// for leases already lost: the renewal itself stays as it was, and the
-    /// uncontended path pays nothing. Without an answer a lease stays
-    /// `NotOurs`.
-    pub(crate) async fn tell_evicted<R: Renewable>(
-        &self,
-        due: &[R],
-        answers: &mut [RenewOutcome],
-        limit: Duration,
-    ) {
-        let lost: Vec<usize> = (0..due.len().min(answers.len()))
-            .filter(|&i| matches!(answers[i], RenewOutcome::NotOurs))
-            .collect();
-        let checks = lost
-            .iter()
-            .map(|&i| self.was_evicted(due[i].storage_key(), due[i].token(), limit));
-        for (i, evicted) in lost.iter().zip(join_all(checks).await) {
-            if evicted {
-                answers[*i] = RenewOutcome::Evicted;
-            }
-        }
-    }
-
-    /// Whether the tombstone of `key` names `token`.
-    pub(crate) async fn was_evicted(&self, key: &str, token: &Token, limit: Duration) -> bool {
-        let tombstone = format!("{key}:evicted");
-        let found = match self {
-            Backend::Single(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
-            Backend::Cluster(node) => node.tombstone(&tombstone, limit).await.ok().flatten(),
-            Backend::Redlock(quorum) => {
-                let answers = join_all(
-                    quorum
-                        .nodes()
-                        .iter()
-                        .map(|n| n.tombstone(&tombstone, limit)),
-                )
-                .await;
-                answers.into_iter().flatten().flatten().next()
-            }
-            Backend::Memory(store) => return store.was_evicted(key, token),
-        };
-        found.is_some_and(|tokens| tokens.split(' ').any(|t| t == token.as_str()))
-    }
-}
-
 /// What a majority of Redlock's servers say holds a key, decided as soon
 /// as a majority agrees: the same value (the holder's token and, with
 /// fencing, the token the lift wrote on a majority), or free. A server that
@@ -241,7 +78,10 @@ impl Backend {
 /// server frozen), the value most servers hold, the first in server order
 /// among equals; `None` when a majority answered and none holds it; else
 /// the first error.
-async fn majority_state<F>(calls: Vec<F>, majority: usize) -> Result<Option<RawState>, LockError>
+pub(super) async fn majority_state<F>(
+    calls: Vec<F>,
+    majority: usize,
+) -> Result<Option<RawState>, LockError>
 where
     F: std::future::Future<Output = Result<Option<RawState>, LockError>>,
 {
@@ -303,73 +143,78 @@ fn holding(value: &str) -> [&str; 3] {
     }
 }
 
-/// The scripts' answers, for one server or a cluster's slot.
-macro_rules! operator_commands {
-    ($server:ty) => {
-        impl $server {
-            /// [`scripts::INSPECT`] on this server.
-            pub(crate) async fn inspect(
-                &self,
-                keys: &OperatorKeys<'_>,
-                limit: Duration,
-            ) -> Result<Option<RawState>, LockError> {
-                let answer: Vec<Value> = self
-                    .call(limit, true, |mut conn| {
-                        let mut inv = Eval::new(&scripts::INSPECT, 2);
-                        inv.key(keys.lock).key(keys.holders);
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                raw_state(&answer)
-            }
+/// The operators' commands, for every kind of server connection: written
+/// once over [`Server::call`], as [`LockCommands`](super::LockCommands) are.
+pub(crate) trait OperatorCommands: Server {
+    /// [`scripts::INSPECT`] on this server.
+    async fn inspect(
+        &self,
+        keys: &OperatorKeys<'_>,
+        limit: Duration,
+    ) -> Result<Option<RawState>, LockError> {
+        let answer: Vec<Value> = self
+            .call(limit, true, |mut conn| {
+                let mut inv = Eval::new(&scripts::INSPECT, 2);
+                inv.key(keys.lock).key(keys.holders);
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        raw_state(&answer)
+    }
 
-            /// The tokens a tombstone names (space-separated), if any.
-            pub(crate) async fn tombstone(
-                &self,
-                tombstone: &str,
-                limit: Duration,
-            ) -> Result<Option<String>, LockError> {
-                self.call(limit, true, |mut conn| {
-                    let mut cmd = redis::cmd("GET");
-                    cmd.arg(tombstone);
-                    async move { cmd.query_async(&mut conn).await }
-                })
-                .await
-            }
+    /// The tokens a tombstone names (space-separated), if any.
+    async fn tombstone(
+        &self,
+        tombstone: &str,
+        limit: Duration,
+    ) -> Result<Option<String>, LockError> {
+        self.call(limit, true, |mut conn| {
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(tombstone);
+            async move { cmd.query_async(&mut conn).await }
+        })
+        .await
+    }
 
-            /// [`scripts::FORCE_RELEASE`] on this server.
-            pub(crate) async fn force_release(
-                &self,
-                keys: &OperatorKeys<'_>,
-                limit: Duration,
-            ) -> Result<Forced, LockError> {
-                let (done, value, holders, pttl_ms): (i64, String, u64, i64) = self
-                    .call(limit, false, |mut conn| {
-                        let mut inv = Eval::new(&scripts::FORCE_RELEASE, 3);
-                        inv.key(keys.lock).key(keys.holders).key(keys.tombstone);
-                        async move { inv.invoke(&mut conn).await }
-                    })
-                    .await?;
-                Ok(match done {
-                    1 => Forced::Evicted {
-                        value,
-                        holders,
-                        pttl_ms,
-                    },
-                    -1 => Forced::Foreign(value),
-                    _ => Forced::Free,
-                })
-            }
-        }
-    };
+    /// [`scripts::FORCE_RELEASE`] on this server.
+    async fn force_release(
+        &self,
+        keys: &OperatorKeys<'_>,
+        limit: Duration,
+    ) -> Result<Forced, LockError> {
+        let (done, value, holders, pttl_ms): (i64, String, u64, i64) = self
+            .call(limit, false, |mut conn| {
+                let mut inv = Eval::new(&scripts::FORCE_RELEASE, 3);
+                inv.key(keys.lock).key(keys.holders).key(keys.tombstone);
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        Ok(match done {
+            1 => Forced::Evicted {
+                value,
+                holders,
+                pttl_ms,
+            },
+            -1 => Forced::Foreign(value),
+            _ => Forced::Free,
+        })
+    }
+
+    /// The server's clock in milliseconds (`TIME`).
+    async fn server_time_ms(&self, limit: Duration) -> Result<i64, LockError> {
+        self.call(limit, true, |mut conn| async move {
+            let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+            Ok(secs * 1000 + micros / 1000)
+        })
+        .await
+    }
 }
 
-operator_commands!(Node);
-operator_commands!(ClusterNode);
+impl<S: Server> OperatorCommands for S {}
 
 impl Node {
     /// One `SCAN cursor MATCH pattern COUNT n`.
-    async fn scan_once(
+    pub(super) async fn scan_once(
         &self,
         pattern: &str,
         cursor: u64,
@@ -391,7 +236,7 @@ impl Node {
 impl ClusterNode {
     /// One `SCAN` call on the primary `at.server` (in address order); the
     /// next page moves to the next primary once this one is done.
-    async fn scan_page(
+    pub(super) async fn scan_page(
         &self,
         pattern: &str,
         at: ScanAt,

@@ -54,6 +54,7 @@
 //! restarts empty resets its counter, and the argument above no longer holds
 //! for quorums that meet only on it.
 
+use super::LockCommands;
 use super::{Attempt, LockKeys, Node, RenewOutcome, Renewable, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
