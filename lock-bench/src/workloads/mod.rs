@@ -28,7 +28,7 @@ use crate::contenders::{Cycle, Impl, Locker, Section, Xorshift};
 use crate::error::{BenchError, BenchResult, fail};
 use crate::report::Row;
 use crate::servers::{connect, info};
-use crate::stats::{Contention, Record, Spread, wall_ns};
+use crate::stats::{Contention, Record, Spread, nanos, wall_ns};
 use crate::sysinfo::cpu_time;
 use redis::aio::MultiplexedConnection;
 use std::sync::Arc;
@@ -564,11 +564,6 @@ fn note_error(failed: &mut u64, first_error: &mut Option<String>, error: &BenchE
     if first_error.is_none() {
         *first_error = Some(error.to_string());
     }
-}
-
-/// A duration in nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
