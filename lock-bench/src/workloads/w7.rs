@@ -28,7 +28,7 @@
 //! included) show what polling a foreign holder costs.
 
 use super::{Context, WorkloadId, progress, spawn_self};
-use crate::args::HolderArgs;
+use crate::args::{HOLDER_FLAG, HolderArgs};
 use crate::contenders::{Exclusion, Impl, Locker, Section, TTL, lock_core_client};
 use crate::error::{BenchResult, fail};
 use crate::report::{Row, WorkloadResult};
@@ -55,9 +55,6 @@ const SKIPS_PER_ROUND: usize = 1;
 /// How long after the waiter starts the holder of a release row releases:
 /// long enough for the waiter's polling to reach its steady rate.
 const RELEASE_HOLD: Duration = Duration::from_secs(1);
-
-/// The flag of the hidden holder mode; not in the usage text.
-pub const HOLDER_FLAG: &str = "--w7-holder";
 
 /// The bound of every call the bench makes itself in W7.
 const CALL_BOUND: Duration = Duration::from_secs(5);
