@@ -2,7 +2,7 @@
 
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
-use crate::workloads::WorkloadId;
+use crate::table::WorkloadId;
 use std::path::PathBuf;
 use std::time::Duration;
 

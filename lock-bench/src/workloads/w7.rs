@@ -27,13 +27,13 @@
 //! commands the server ran per round (`INFO commandstats`, everyone's
 //! included) show what polling a foreign holder costs.
 
-use super::{Context, WorkloadId, progress, spawn_self};
+use super::{Context, progress, spawn_self};
 use crate::args::{HOLDER_FLAG, HolderArgs};
 use crate::contenders::{Exclusion, Impl, Locker, Section, TTL, lock_core_client};
 use crate::error::{BenchResult, fail};
-use crate::report::{Row, WorkloadResult};
 use crate::servers::{connect, info};
 use crate::stats::{Spread, wall_ns};
+use crate::table::{Row, WorkloadId, WorkloadResult};
 use lock_core::LockOptions;
 use redis::aio::MultiplexedConnection;
 use std::io::{BufRead, BufReader, Write};

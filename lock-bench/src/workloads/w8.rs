@@ -4,10 +4,10 @@
 //! script that sets both keys (`NX`-style: all or none) and one that
 //! compares and deletes both.
 
-use super::{Context, Tasks, WorkloadId, measure_rows};
+use super::{Context, Tasks, measure_rows};
 use crate::contenders::{Impl, PAIR_POLL_MAX, WAIT};
 use crate::error::BenchResult;
-use crate::report::WorkloadResult;
+use crate::table::{WorkloadId, WorkloadResult};
 
 /// Concurrent tasks.
 const TASKS: usize = 64;

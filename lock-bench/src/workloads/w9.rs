@@ -10,11 +10,11 @@
 //! is ever inside beside the writer (nor anyone beside an exclusive
 //! reader in the baseline).
 
-use super::{ContendedRun, Context, WorkloadId, note_error, progress};
+use super::{ContendedRun, Context, note_error, progress};
 use crate::contenders::{Impl, TTL, WAIT, lock_core_client};
 use crate::error::{BenchResult, fail};
-use crate::report::{Row, WorkloadResult};
 use crate::stats::{Contention, Record, nanos, wall_ns};
+use crate::table::{Row, WorkloadId, WorkloadResult};
 use lock_core::{LockClient, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
