@@ -429,9 +429,7 @@ impl Ratios {
     /// W9: what shared holds buy the readers over exclusive ones, and what
     /// they cost the writer.
     fn shared(&mut self, w: &WorkloadResult) {
-        use crate::workloads::w9::{
-            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
-        };
+        use crate::table::{EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER};
         let figure = |label, f: fn(&Row) -> Option<f64>| w.labelled(label).and_then(f);
         let rate = |label| figure(label, |r| r.rate);
         self.push(
@@ -509,7 +507,7 @@ impl Ratios {
     /// rslock's), and after releases nobody announces, with what the
     /// polling that notices them costs.
     fn takeover(&mut self, w: &WorkloadResult) {
-        use crate::workloads::w7::{FOREIGN, PUBLISHED, UNANNOUNCED};
+        use crate::table::{FOREIGN, PUBLISHED, UNANNOUNCED};
         let ms = |r: &Row| r.p50_us.map(|us| us / 1_000.0);
         let crash = |imp| {
             w.rows
@@ -831,9 +829,7 @@ mod tests {
 
     #[test]
     fn rows_of_one_implementation_keep_their_labels() {
-        use crate::workloads::w9::{
-            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
-        };
+        use crate::table::{EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER};
         let rates = [
             (SHARED_READERS, 100.0),
             (SHARED_WRITER, 10.0),

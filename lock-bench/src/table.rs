@@ -1,6 +1,8 @@
 //! The table's types: which workload a result belongs to, one row of
-//! figures, one workload's rows. The workloads fill them in and the report
-//! prints them; this module uses neither.
+//! figures, one workload's rows, and the labels of the rows that are not
+//! named after their implementation (W7, W8, W9). The workloads fill them
+//! in and the report prints them and finds rows by them; this module uses
+//! neither.
 
 use crate::contenders::Impl;
 
@@ -181,6 +183,26 @@ impl WorkloadResult {
         self.rows.iter().find(|row| row.label() == label)
     }
 }
+
+/// W7: the release row whose holder is another library (a value not in
+/// lock-core's format, compare-and-delete without `PUBLISH`).
+pub const FOREIGN: &str = "lock-core, foreign release";
+/// W7: a value in lock-core's format, released without `PUBLISH`.
+pub const UNANNOUNCED: &str = "lock-core, silent release, our format";
+/// W7: a lock-core holder: the release publishes.
+pub const PUBLISHED: &str = "lock-core, own release";
+
+/// W8: lock-core's row.
+pub const LOCK_ALL_LABEL: &str = "lock-core lock_all";
+
+/// W9: the readers taking shared holds.
+pub const SHARED_READERS: &str = "lock-core shared: readers";
+/// W9: the writer beside shared readers.
+pub const SHARED_WRITER: &str = "lock-core shared: writer";
+/// W9: the readers of the baseline, every hold exclusive.
+pub const EXCLUSIVE_READERS: &str = "lock-core exclusive: readers";
+/// W9: the writer of the baseline.
+pub const EXCLUSIVE_WRITER: &str = "lock-core exclusive: writer";
 
 #[cfg(test)]
 mod tests {

@@ -33,7 +33,7 @@ use crate::contenders::{Exclusion, Impl, Locker, Section, TTL, lock_core_client}
 use crate::error::{BenchResult, fail};
 use crate::servers::{connect, info};
 use crate::stats::{Spread, wall_ns};
-use crate::table::{Row, WorkloadId, WorkloadResult};
+use crate::table::{FOREIGN, PUBLISHED, Row, UNANNOUNCED, WorkloadId, WorkloadResult};
 use lock_core::LockOptions;
 use redis::aio::MultiplexedConnection;
 use std::io::{BufRead, BufReader, Write};
@@ -61,13 +61,6 @@ const CALL_BOUND: Duration = Duration::from_secs(5);
 
 /// The crash rows, in table order.
 const CRASH_ROWS: [Impl; 3] = [Impl::Minimum, Impl::Guard, Impl::Rslock];
-
-/// Labels of the release rows (lock-core waiters).
-pub const FOREIGN: &str = "lock-core, foreign release";
-/// A value in lock-core's format, released without `PUBLISH`.
-pub const UNANNOUNCED: &str = "lock-core, silent release, our format";
-/// A lock-core holder: the release publishes.
-pub const PUBLISHED: &str = "lock-core, own release";
 
 /// Compare-and-delete without `PUBLISH`, as other libraries release.
 const CAD: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \

@@ -14,7 +14,10 @@ use super::{ContendedRun, Context, note_error, progress};
 use crate::contenders::{Impl, TTL, WAIT, lock_core_client};
 use crate::error::{BenchResult, fail};
 use crate::stats::{Contention, Record, nanos, wall_ns};
-use crate::table::{Row, WorkloadId, WorkloadResult};
+use crate::table::{
+    EXCLUSIVE_READERS, EXCLUSIVE_WRITER, Row, SHARED_READERS, SHARED_WRITER, WorkloadId,
+    WorkloadResult,
+};
 use lock_core::{LockClient, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,15 +28,6 @@ pub const READERS: u32 = 8;
 
 /// How long after the tasks are spawned they start, so they start together.
 const START_DELAY: Duration = Duration::from_millis(20);
-
-/// The labels of the rows, for the ratios.
-pub const SHARED_READERS: &str = "lock-core shared: readers";
-/// The writer beside shared readers.
-pub const SHARED_WRITER: &str = "lock-core shared: writer";
-/// The readers of the baseline, every hold exclusive.
-pub const EXCLUSIVE_READERS: &str = "lock-core exclusive: readers";
-/// The writer of the baseline.
-pub const EXCLUSIVE_WRITER: &str = "lock-core exclusive: writer";
 
 /// Runs W9 on the single server: readers shared, then the baseline.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
