@@ -2,8 +2,7 @@
 
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
-use crate::workloads::WorkloadId;
-use crate::workloads::w7::HOLDER_FLAG;
+use crate::table::WorkloadId;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -104,6 +103,9 @@ pub enum Command {
 
 /// The flag that selects worker mode; not in [`USAGE`].
 pub const WORKER_FLAG: &str = "--worker";
+
+/// The flag of the hidden holder mode; not in [`USAGE`].
+pub const HOLDER_FLAG: &str = "--w7-holder";
 
 /// Parses the arguments after the program name.
 pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {

@@ -14,11 +14,13 @@
 //! (`target/lock-bench` by default). The servers are stopped when the run
 //! ends, however it ends.
 //!
-//! Modules: [`args`] (options), [`servers`] (the redis-server processes and
-//! admin commands), [`minimum`] (the hand-written lock), [`contenders`] (the
-//! implementations behind one interface), [`workloads`] (W1-W9 and
-//! their loops; W7 re-executes the bench as a holder it kills), [`stats`] (percentiles and merged acquisition records),
-//! [`sysinfo`] (`/proc`), [`report`] (table, CSV, JSON, ratios).
+//! Modules: [`args`] (options and flags), [`servers`] (the redis-server
+//! processes and admin commands), [`minimum`] (the hand-written lock),
+//! [`contenders`] (the implementations behind one interface), [`table`]
+//! (workload ids, rows, row labels), [`workloads`] (W1-W9 and their loops;
+//! W7 re-executes the bench as a holder it kills), [`stats`] (percentiles,
+//! merged acquisition records, clocks), [`sysinfo`] (`/proc`), [`report`]
+//! (table, CSV, JSON, ratios).
 //!
 //! rslock is a normal dependency, not behind a feature: its `tokio-comp`
 //! feature turns on redis' rustls support (rustls, ring,
@@ -34,6 +36,7 @@ mod servers;
 mod soak;
 mod stats;
 mod sysinfo;
+mod table;
 mod workloads;
 
 use crate::args::{Command, Options, USAGE};
@@ -41,7 +44,8 @@ use crate::error::BenchResult;
 use crate::report::Report;
 use crate::servers::{Servers, connect, info};
 use crate::sysinfo::Machine;
-use crate::workloads::{Context, WorkloadId};
+use crate::table::WorkloadId;
+use crate::workloads::Context;
 use std::process::ExitCode;
 use std::time::Duration;
 

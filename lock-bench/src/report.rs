@@ -3,122 +3,8 @@
 
 use crate::contenders::Impl;
 use crate::sysinfo::Machine;
-use crate::workloads::WorkloadId;
+use crate::table::{Row, WorkloadId, WorkloadResult};
 use std::fmt::Write as _;
-
-/// One implementation's figures in one workload. `None` means "does not
-/// apply" and shows as `-`.
-#[derive(Clone, Debug)]
-pub struct Row {
-    /// Which implementation.
-    pub implementation: Impl,
-    /// A label of the row's own, where one implementation has several rows
-    /// or is used in a particular way (W8, W9); otherwise the
-    /// implementation's.
-    pub label: Option<&'static str>,
-    /// The main rate, per second.
-    pub rate: Option<f64>,
-    /// What [`rate`](Self::rate) counts ("cycles", "acquisitions", ...).
-    pub rate_unit: &'static str,
-    /// Median cycle time, or median wait in the contended workloads (µs).
-    pub p50_us: Option<f64>,
-    /// 99th percentile of the same (µs).
-    pub p99_us: Option<f64>,
-    /// Maximum of the same (µs).
-    pub max_us: Option<f64>,
-    /// Owner switches per second (contended workloads).
-    pub switches_per_s: Option<f64>,
-    /// Fewest and most acquisitions of one task (contended workloads).
-    pub per_task: Option<(u64, u64)>,
-    /// Critical sections that overlapped (must be 0).
-    pub overlaps: Option<u64>,
-    /// Acquisitions that failed or gave up.
-    pub failed: Option<u64>,
-    /// Locks lost while held (W5; must be 0).
-    pub locks_lost: Option<u64>,
-    /// Client CPU time over wall time, percent of one CPU (W5).
-    pub cpu_percent: Option<f64>,
-    /// Resident memory added per held lock, bytes (W5).
-    pub rss_per_lock: Option<f64>,
-    /// Extra time per call over the guard API, percent (W6).
-    pub overhead_percent: Option<f64>,
-    /// Commands the server ran per round (W7).
-    pub commands_per_round: Option<f64>,
-    /// CPU time of the bench process per cycle, µs (throughput rows): the
-    /// client's cost, steadier than the rate on a shared machine.
-    pub client_cpu_us: Option<f64>,
-    /// CPU time of the redis-server processes per cycle, µs (throughput
-    /// rows).
-    pub server_cpu_us: Option<f64>,
-    /// The rate of each interleaved round, in order (throughput rows): the
-    /// rounds of two rows with the same index ran next to each other.
-    pub round_rates: Vec<f64>,
-    /// How many operations the figures come from.
-    pub samples: u64,
-    /// Anything else worth knowing (the first error, a breakdown).
-    pub note: String,
-}
-
-impl Row {
-    /// A row with only the implementation and the rate's unit set.
-    pub fn new(implementation: Impl, rate_unit: &'static str) -> Row {
-        Row {
-            implementation,
-            label: None,
-            rate: None,
-            rate_unit,
-            p50_us: None,
-            p99_us: None,
-            max_us: None,
-            switches_per_s: None,
-            per_task: None,
-            overlaps: None,
-            failed: None,
-            locks_lost: None,
-            cpu_percent: None,
-            rss_per_lock: None,
-            overhead_percent: None,
-            commands_per_round: None,
-            samples: 0,
-            round_rates: Vec::new(),
-            client_cpu_us: None,
-            server_cpu_us: None,
-            note: String::new(),
-        }
-    }
-
-    /// The name shown in the table.
-    pub fn label(&self) -> &'static str {
-        self.label.unwrap_or(self.implementation.label())
-    }
-}
-
-/// One workload's rows and the parameters they were measured with.
-#[derive(Clone, Debug)]
-pub struct WorkloadResult {
-    /// Which workload.
-    pub id: WorkloadId,
-    /// What it does, in a few words.
-    pub title: &'static str,
-    /// Its parameters, as printed.
-    pub params: String,
-    /// One row per implementation.
-    pub rows: Vec<Row>,
-}
-
-impl WorkloadResult {
-    /// The row of `implementation`, if it ran.
-    pub fn row(&self, implementation: Impl) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|row| row.implementation == implementation)
-    }
-
-    /// The row labelled `label`, if it ran.
-    pub fn labelled(&self, label: &str) -> Option<&Row> {
-        self.rows.iter().find(|row| row.label() == label)
-    }
-}
 
 /// What a ratio should be.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -543,9 +429,7 @@ impl Ratios {
     /// W9: what shared holds buy the readers over exclusive ones, and what
     /// they cost the writer.
     fn shared(&mut self, w: &WorkloadResult) {
-        use crate::workloads::w9::{
-            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
-        };
+        use crate::table::{EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER};
         let figure = |label, f: fn(&Row) -> Option<f64>| w.labelled(label).and_then(f);
         let rate = |label| figure(label, |r| r.rate);
         self.push(
@@ -623,7 +507,7 @@ impl Ratios {
     /// rslock's), and after releases nobody announces, with what the
     /// polling that notices them costs.
     fn takeover(&mut self, w: &WorkloadResult) {
-        use crate::workloads::w7::{FOREIGN, PUBLISHED, UNANNOUNCED};
+        use crate::table::{FOREIGN, PUBLISHED, UNANNOUNCED};
         let ms = |r: &Row| r.p50_us.map(|us| us / 1_000.0);
         let crash = |imp| {
             w.rows
@@ -945,9 +829,7 @@ mod tests {
 
     #[test]
     fn rows_of_one_implementation_keep_their_labels() {
-        use crate::workloads::w9::{
-            EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER,
-        };
+        use crate::table::{EXCLUSIVE_READERS, EXCLUSIVE_WRITER, SHARED_READERS, SHARED_WRITER};
         let rates = [
             (SHARED_READERS, 100.0),
             (SHARED_WRITER, 10.0),

@@ -2,7 +2,12 @@
 //! acquisition records merged into throughput, owner switches, waits,
 //! fairness and overlaps.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A duration in nanoseconds, saturating.
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// Nanoseconds since the Unix epoch on the system's real-time clock.
 ///
@@ -12,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn wall_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(0, nanos)
 }
 
 /// The `p`-th percentile (0..=100) of `sorted` (ascending), nearest rank;

@@ -26,77 +26,13 @@ pub mod w9;
 
 use crate::contenders::{Cycle, Impl, Locker, Section, Xorshift};
 use crate::error::{BenchError, BenchResult, fail};
-use crate::report::Row;
 use crate::servers::{connect, info};
-use crate::stats::{Contention, Record, Spread, wall_ns};
+use crate::stats::{Contention, Record, Spread, nanos, wall_ns};
 use crate::sysinfo::cpu_time;
+use crate::table::{Row, WorkloadId};
 use redis::aio::MultiplexedConnection;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A workload of the table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WorkloadId {
-    /// One task, one key.
-    W1,
-    /// 64 tasks, a key each.
-    W2,
-    /// 8 tasks, one key, one process.
-    W3,
-    /// 8 tasks, one key, 4 processes.
-    W3p,
-    /// W1 on 5-node Redlock.
-    W4,
-    /// 10,000 locks held with renewal.
-    W5,
-    /// Attribute overhead.
-    W6,
-    /// Takeover after a crash.
-    W7,
-    /// Two keys at once.
-    W8,
-    /// Shared readers and a writer.
-    W9,
-}
-
-impl WorkloadId {
-    /// Every workload, in table order.
-    pub const ALL: [WorkloadId; 10] = [
-        WorkloadId::W1,
-        WorkloadId::W2,
-        WorkloadId::W3,
-        WorkloadId::W3p,
-        WorkloadId::W4,
-        WorkloadId::W5,
-        WorkloadId::W6,
-        WorkloadId::W7,
-        WorkloadId::W8,
-        WorkloadId::W9,
-    ];
-
-    /// `W1`, ..., `W3p`, ...
-    pub fn name(self) -> &'static str {
-        match self {
-            WorkloadId::W1 => "W1",
-            WorkloadId::W2 => "W2",
-            WorkloadId::W3 => "W3",
-            WorkloadId::W3p => "W3p",
-            WorkloadId::W4 => "W4",
-            WorkloadId::W5 => "W5",
-            WorkloadId::W6 => "W6",
-            WorkloadId::W7 => "W7",
-            WorkloadId::W8 => "W8",
-            WorkloadId::W9 => "W9",
-        }
-    }
-
-    /// The workload named `name`, ignoring case.
-    pub fn parse(name: &str) -> Option<WorkloadId> {
-        WorkloadId::ALL
-            .into_iter()
-            .find(|id| id.name().eq_ignore_ascii_case(name))
-    }
-}
 
 /// What every workload needs to know.
 #[derive(Clone, Debug)]
@@ -563,25 +499,5 @@ fn note_error(failed: &mut u64, first_error: &mut Option<String>, error: &BenchE
     *failed += 1;
     if first_error.is_none() {
         *first_error = Some(error.to_string());
-    }
-}
-
-/// A duration in nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn workload_names_parse_back() {
-        for id in WorkloadId::ALL {
-            assert_eq!(WorkloadId::parse(id.name()), Some(id));
-        }
-        assert_eq!(WorkloadId::parse("w3P"), Some(WorkloadId::W3p));
-        assert_eq!(WorkloadId::parse("w7"), Some(WorkloadId::W7));
-        assert_eq!(WorkloadId::parse("W10"), None);
     }
 }

@@ -1,10 +1,10 @@
 //! W1: one task, one key, lock + release in a loop (ttl 10 s): cycles/s and
 //! cycle time, next to the floor (sequential plain `SET` on one connection).
 
-use super::{Context, Tasks, WorkloadId, measure_rows};
+use super::{Context, Tasks, measure_rows};
 use crate::contenders::Impl;
 use crate::error::BenchResult;
-use crate::report::WorkloadResult;
+use crate::table::{WorkloadId, WorkloadResult};
 
 /// The implementations of W1, in table order: all of them.
 const ROWS: [Impl; 6] = Impl::ALL;

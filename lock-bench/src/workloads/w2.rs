@@ -1,10 +1,10 @@
 //! W2: 64 tasks, each cycling on its own key, sharing one client: total
 //! cycles/s.
 
-use super::{Context, Tasks, WorkloadId, measure_rows};
+use super::{Context, Tasks, measure_rows};
 use crate::contenders::Impl;
 use crate::error::BenchResult;
-use crate::report::WorkloadResult;
+use crate::table::{WorkloadId, WorkloadResult};
 
 /// Concurrent tasks, one key each.
 const TASKS: usize = 64;

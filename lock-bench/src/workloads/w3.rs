@@ -1,11 +1,11 @@
 //! W3: 8 tasks of one process contend for one key, each in a tight loop of
 //! lock (waiting) + tiny critical section + release.
 
-use super::{Context, WorkloadId, contended_row, progress, run_contended, warm_up};
+use super::{Context, contended_row, progress, run_contended, warm_up};
 use crate::contenders::{Impl, Locker, POLL_MAX, WAIT};
 use crate::error::BenchResult;
-use crate::report::WorkloadResult;
-use crate::stats::wall_ns;
+use crate::stats::{nanos, wall_ns};
+use crate::table::{WorkloadId, WorkloadResult};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,9 +53,4 @@ pub fn contended_params(ctx: &Context) -> String {
         POLL_MAX.as_millis(),
         ctx.seconds.as_secs_f64()
     )
-}
-
-/// A duration in nanoseconds, saturating.
-pub fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -16,15 +16,13 @@
 //! wall clock. A worker whose stdin closes (the parent died) exits; the
 //! parent kills and reaps any worker still running when it gives up.
 
-use super::w3::{ROWS, contended_params, nanos};
-use super::{
-    ContendedRun, Context, WorkloadId, contended_row, progress, run_contended, spawn_self, warm_up,
-};
+use super::w3::{ROWS, contended_params};
+use super::{ContendedRun, Context, contended_row, progress, run_contended, spawn_self, warm_up};
 use crate::args::{WORKER_FLAG, WorkerArgs};
 use crate::contenders::{Impl, Locker};
 use crate::error::{BenchResult, fail};
-use crate::report::{Row, WorkloadResult};
-use crate::stats::{Record, wall_ns};
+use crate::stats::{Record, nanos, wall_ns};
+use crate::table::{Row, WorkloadId, WorkloadResult};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout};
 use std::sync::Arc;

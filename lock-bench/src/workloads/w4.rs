@@ -2,10 +2,10 @@
 //! time. The minimum sends each command to all five at once and counts a
 //! majority.
 
-use super::{Context, Tasks, WorkloadId, measure_rows};
+use super::{Context, Tasks, measure_rows};
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
-use crate::report::WorkloadResult;
+use crate::table::{WorkloadId, WorkloadResult};
 
 /// The implementations of W4, in table order.
 const ROWS: [Impl; 5] = [

@@ -11,12 +11,12 @@
 //! over the hold, from `/proc/self/stat`; resident memory per held lock,
 //! from `VmRSS` before taking the locks and while holding them.
 
-use super::{Context, WorkloadId, progress};
+use super::{Context, progress};
 use crate::contenders::{Impl, LOCK_CORE_PREFIX, Locker};
 use crate::error::{BenchResult, fail};
-use crate::report::{Row, WorkloadResult};
 use crate::servers::{command_calls, connect, info};
 use crate::sysinfo::{cpu_time, rss_bytes};
+use crate::table::{Row, WorkloadId, WorkloadResult};
 use futures::StreamExt;
 use lock_core::{LockClient, LockGuard, LockOptions};
 use std::collections::BTreeMap;

@@ -5,10 +5,10 @@
 //! difference between the two is the attribute's cost, and a pause of the
 //! machine or a slow round trip moves one pair, not the figure.
 
-use super::{Context, CycleRun, WorkloadId, progress, timed_cycle};
+use super::{Context, CycleRun, progress, timed_cycle};
 use crate::contenders::{Impl, Locker, Section, lock_core_client};
 use crate::error::BenchResult;
-use crate::report::{Row, WorkloadResult};
+use crate::table::{Row, WorkloadId, WorkloadResult};
 use lock_core::{LockClient, MemoryStore};
 use std::time::{Duration, Instant};
 

@@ -27,13 +27,13 @@
 //! commands the server ran per round (`INFO commandstats`, everyone's
 //! included) show what polling a foreign holder costs.
 
-use super::{Context, WorkloadId, progress, spawn_self};
-use crate::args::HolderArgs;
+use super::{Context, progress, spawn_self};
+use crate::args::{HOLDER_FLAG, HolderArgs};
 use crate::contenders::{Exclusion, Impl, Locker, Section, TTL, lock_core_client};
 use crate::error::{BenchResult, fail};
-use crate::report::{Row, WorkloadResult};
 use crate::servers::{connect, info};
 use crate::stats::{Spread, wall_ns};
+use crate::table::{FOREIGN, PUBLISHED, Row, UNANNOUNCED, WorkloadId, WorkloadResult};
 use lock_core::LockOptions;
 use redis::aio::MultiplexedConnection;
 use std::io::{BufRead, BufReader, Write};
@@ -56,21 +56,11 @@ const SKIPS_PER_ROUND: usize = 1;
 /// long enough for the waiter's polling to reach its steady rate.
 const RELEASE_HOLD: Duration = Duration::from_secs(1);
 
-/// The flag of the hidden holder mode; not in the usage text.
-pub const HOLDER_FLAG: &str = "--w7-holder";
-
 /// The bound of every call the bench makes itself in W7.
 const CALL_BOUND: Duration = Duration::from_secs(5);
 
 /// The crash rows, in table order.
 const CRASH_ROWS: [Impl; 3] = [Impl::Minimum, Impl::Guard, Impl::Rslock];
-
-/// Labels of the release rows (lock-core waiters).
-pub const FOREIGN: &str = "lock-core, foreign release";
-/// A value in lock-core's format, released without `PUBLISH`.
-pub const UNANNOUNCED: &str = "lock-core, silent release, our format";
-/// A lock-core holder: the release publishes.
-pub const PUBLISHED: &str = "lock-core, own release";
 
 /// Compare-and-delete without `PUBLISH`, as other libraries release.
 const CAD: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \

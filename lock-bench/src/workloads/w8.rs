@@ -4,10 +4,10 @@
 //! script that sets both keys (`NX`-style: all or none) and one that
 //! compares and deletes both.
 
-use super::{Context, Tasks, WorkloadId, measure_rows};
+use super::{Context, Tasks, measure_rows};
 use crate::contenders::{Impl, PAIR_POLL_MAX, WAIT};
 use crate::error::BenchResult;
-use crate::report::WorkloadResult;
+use crate::table::{LOCK_ALL_LABEL, WorkloadId, WorkloadResult};
 
 /// Concurrent tasks.
 const TASKS: usize = 64;
@@ -18,9 +18,6 @@ const ACCOUNTS: usize = 1_000;
 /// The implementations of W8, in table order: the two with a lock on
 /// several keys.
 const ROWS: [Impl; 2] = [Impl::Minimum, Impl::Guard];
-
-/// The label of lock-core's row.
-pub const LOCK_ALL_LABEL: &str = "lock-core lock_all";
 
 /// Runs W8 on the single server.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {

@@ -10,12 +10,14 @@
 //! is ever inside beside the writer (nor anyone beside an exclusive
 //! reader in the baseline).
 
-use super::w3::nanos;
-use super::{ContendedRun, Context, WorkloadId, note_error, progress};
+use super::{ContendedRun, Context, note_error, progress};
 use crate::contenders::{Impl, TTL, WAIT, lock_core_client};
 use crate::error::{BenchResult, fail};
-use crate::report::{Row, WorkloadResult};
-use crate::stats::{Contention, Record, wall_ns};
+use crate::stats::{Contention, Record, nanos, wall_ns};
+use crate::table::{
+    EXCLUSIVE_READERS, EXCLUSIVE_WRITER, Row, SHARED_READERS, SHARED_WRITER, WorkloadId,
+    WorkloadResult,
+};
 use lock_core::{LockClient, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,15 +28,6 @@ pub const READERS: u32 = 8;
 
 /// How long after the tasks are spawned they start, so they start together.
 const START_DELAY: Duration = Duration::from_millis(20);
-
-/// The labels of the rows, for the ratios.
-pub const SHARED_READERS: &str = "lock-core shared: readers";
-/// The writer beside shared readers.
-pub const SHARED_WRITER: &str = "lock-core shared: writer";
-/// The readers of the baseline, every hold exclusive.
-pub const EXCLUSIVE_READERS: &str = "lock-core exclusive: readers";
-/// The writer of the baseline.
-pub const EXCLUSIVE_WRITER: &str = "lock-core exclusive: writer";
 
 /// Runs W9 on the single server: readers shared, then the baseline.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
