@@ -1,0 +1,17 @@
+local function next_fence(key, keep)
+  local counter = redis.pcall("GET", key)
+  if type(counter) == "table" then
+    return counter
+  end
+  local last = 0
+  if counter then
+    last = tonumber(counter)
+    if last == nil then
+      return redis.error_reply("ERR the fence counter is not a number")
+    end
+  end
+  local now = redis.call("TIME")
+  local fence = math.max(last + 1, tonumber(now[1]) * 1000000 + tonumber(now[2]))
+  redis.call("SET", key, string.format("%.0f", fence), "PX", keep)
+  return fence
+end

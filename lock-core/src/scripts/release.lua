@@ -1,0 +1,9 @@
+local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
+end
+redis.call("DEL", KEYS[1])
+if ARGV[2] ~= "quiet" then
+  redis.call("PUBLISH", KEYS[1], "")
+end
+return 1

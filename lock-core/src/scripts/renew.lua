@@ -1,0 +1,8 @@
+local refused = not_ours(KEYS[1], ARGV[1])
+if refused then
+  return refused
+end
+if redis.call("PTTL", KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 1
