@@ -59,7 +59,7 @@ const READ_CHUNK: usize = 16 * 1024;
 /// its command sends the commands of a whole wave of replies in one write:
 /// the server idles while the client works through the wave, then the
 /// client while the server does. Writing every kilobyte keeps both busy
-/// (lock-bench's W2 row shows the effect; its README says how it was
+/// (lock-bench's W2 row shows the effect; lock-bench/RESULTS.md says how it was
 /// chosen).
 const FLUSH_AT: usize = 1024;
 
