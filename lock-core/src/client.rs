@@ -392,7 +392,8 @@ impl LockClient {
                      exclusive",
                 ));
         }
-        if let (Scope::Shared(held), Mode::Shared | Mode::Permits(_)) = (&lease.scope, options.mode)
+        if let (Scope::Shared(held), Mode::Shared | Mode::Permits(_)) =
+            (&lease.held.scope, options.mode)
         {
             let asked = acquire::shared_marker(options.mode);
             if held.marker != asked {

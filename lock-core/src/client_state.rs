@@ -6,9 +6,9 @@ use crate::backend::{Backend, Wakeups};
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::Heartbeat;
-use crate::hold::{self, Expiry};
-use crate::lease::{Lease, MAX_KEY_LEN, Scope};
+use crate::lease::{Held, MAX_KEY_LEN};
 use crate::queue::{HandoffBudget, PassOn, Queues};
+use crate::release::LetGo;
 use crate::token::{Holder, Token, local_now_ms};
 use std::future::Future;
 use std::sync::Arc;
@@ -153,69 +153,19 @@ impl ClientInner {
     }
 }
 
-/// Releases a lock in the background, bounded by the operation timeout; does
-/// nothing outside a tokio runtime (the lease then simply expires). With
-/// `keep_for` (a `min_hold` not yet over) the lease is shortened to that
-/// instead.
-pub(crate) fn spawn_release(
-    inner: Arc<ClientInner>,
-    storage_key: Arc<str>,
-    token: Token,
-    keep_for: Option<Duration>,
-    until: Instant,
-) {
-    in_background(async move {
-        let limit = inner.op_timeout;
-        let backend = &inner.backend;
-        until_answered(&inner, until, || async {
-            match keep_for {
-                Some(keep_for) => backend.set_ttl(&storage_key, &token, keep_for, limit).await,
-                None => backend.release(&storage_key, &token, limit).await,
-            }
-        })
-        .await;
-    });
-}
-
-/// [`spawn_release`] of a held lease, whatever it holds.
-pub(crate) fn spawn_release_lease(
-    inner: Arc<ClientInner>,
-    lease: Arc<Lease>,
-    keep_for: Option<Duration>,
-) {
-    let until = Instant::now() + lease.ttl();
-    in_background(async move {
-        let limit = inner.op_timeout;
-        let backend = &inner.backend;
-        until_answered(&inner, until, || async {
-            match keep_for {
-                Some(keep_for) => {
-                    hold::expire(backend, &lease, keep_for, Expiry::Exact, limit).await
-                }
-                None => hold::release(backend, &lease, limit).await,
-            }
-        })
-        .await;
-    });
-}
-
-/// [`spawn_release`] of what `token` may hold under `scope` (an attempt on
-/// several keys, or a shared holder's or a permit's, whose answer never
-/// came).
-pub(crate) fn spawn_release_scope(
-    inner: Arc<ClientInner>,
-    storage_key: Arc<str>,
-    scope: Scope,
-    token: Token,
-    until: Instant,
-) {
-    in_background(async move {
-        let limit = inner.op_timeout;
-        until_answered(&inner, until, || {
-            hold::release_keys(&inner.backend, &storage_key, &scope, &token, limit)
-        })
-        .await;
-    });
+impl ClientInner {
+    /// Lets go of `held` in the background ([`LetGo::send`]), sent again
+    /// while Redis does not answer until `until` (when it would have
+    /// expired anyway); does nothing outside a tokio runtime (the lease
+    /// then simply expires). What the guard's `Drop`, a `release` cut short,
+    /// an acquisition cut short and a hand-off nobody took all call.
+    pub(crate) fn release_in_background(self: &Arc<Self>, held: Held, how: LetGo, until: Instant) {
+        let inner = self.clone();
+        in_background(async move {
+            let limit = inner.op_timeout;
+            until_answered(&inner, until, || how.send(&inner.backend, &held, limit)).await;
+        });
+    }
 }
 
 /// Runs `op` until Redis answers it, or until `until` (when what it lets go

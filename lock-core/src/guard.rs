@@ -1,13 +1,13 @@
 //! [`LockGuard`]: proof of ownership, the loss signal, release and `Drop`.
 
-use crate::client_state::{ClientInner, spawn_release_lease};
+use crate::client_state::ClientInner;
 use crate::current::LockInfo;
 use crate::error::LockError;
 use crate::heartbeat::Enrolment;
-use crate::hold::{self, Expiry};
 use crate::lease::{Lease, LossReason, MAX_DURATION, MIN_TTL, Part, Scope, renewal_due};
 use crate::observe;
 use crate::queue::{Front, HandedLease, Next, Owner, Taken, YIELD};
+use crate::release::{self, Expiry, LetGo};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,7 +130,7 @@ impl LockGuard {
         renewal: RenewSchedule,
         place: Place,
     ) -> LockGuard {
-        lease.held.up();
+        lease.gauge.up();
         let heartbeat = match renewal {
             RenewSchedule::From(due) => {
                 Some(client.heartbeat.join(&client.renewals, lease.clone(), due))
@@ -150,7 +150,7 @@ impl LockGuard {
     /// task: it neither renews nor releases, and is nobody in the queue.
     /// `key`: the key re-entered (one of a lease on several keys).
     pub(crate) fn reentry(client: Arc<ClientInner>, lease: Arc<Lease>, key: &str) -> LockGuard {
-        let part = match &lease.scope {
+        let part = match &lease.held.scope {
             Scope::Several(parts) => parts
                 .iter()
                 .position(|p| p.key() == key)
@@ -174,7 +174,7 @@ impl LockGuard {
     /// What an annotated body holding this guard is told by
     /// [`current_lock`](crate::current_lock).
     pub(crate) fn info(&self) -> LockInfo {
-        match &self.lease.scope {
+        match &self.lease.held.scope {
             Scope::Several(parts) => LockInfo::several(
                 parts
                     .iter()
@@ -188,7 +188,7 @@ impl LockGuard {
     /// Every key this guard holds, in canonical (sorted) order: one, or
     /// those of [`LockClient::lock_all`](crate::LockClient::lock_all).
     pub fn keys(&self) -> Vec<&str> {
-        match &self.lease.scope {
+        match &self.lease.held.scope {
             Scope::Several(parts) => parts.iter().map(Part::key).collect(),
             _ => vec![self.key()],
         }
@@ -198,7 +198,7 @@ impl LockGuard {
     /// with fencing: each key of a lock on several keys has its own.
     /// `None` for a key this guard does not hold.
     pub fn fencing_token_of(&self, key: &str) -> Option<u64> {
-        match &self.lease.scope {
+        match &self.lease.held.scope {
             Scope::Several(parts) => parts.iter().find(|p| p.key() == key)?.fence,
             _ if key == self.key() => self.lease.fence,
             _ => None,
@@ -224,7 +224,7 @@ impl LockGuard {
     /// Of a re-entry of one key of a lease on several, that key.
     fn reentered_part(&self) -> Option<&Part> {
         let (Stage::Reentry { part: Some(at) }, Scope::Several(parts)) =
-            (&self.stage, &self.lease.scope)
+            (&self.stage, &self.lease.held.scope)
         else {
             return None;
         };
@@ -334,9 +334,9 @@ impl LockGuard {
             // may have shortened the key all the same.
             lease.shortened(sent, ttl);
             self.renew_from(sent, ttl);
-            hold::expire(backend, lease, ttl, Expiry::Exact, limit).await
+            release::expire(backend, lease, ttl, Expiry::Exact, limit).await
         } else {
-            hold::expire(backend, lease, ttl, Expiry::Renew, limit).await
+            release::expire(backend, lease, ttl, Expiry::Renew, limit).await
         };
         match answer {
             Ok(true) => {
@@ -381,43 +381,26 @@ impl LockGuard {
         }
         self.stop_heartbeat();
         let lease = self.lease.clone();
-        let keep_for = lease.keep_for();
-        let spent = match keep_for {
-            // A lease kept for its min_hold is shortened, never handed on.
-            Some(_) => false,
-            None => match self.hand_off() {
-                Next::HandedOver => {
-                    self.stage = Stage::Done;
-                    self.place = Place::Nowhere;
-                    // This guard's lease is over; waiters still watching it
-                    // must not take its validity deadline for a loss.
-                    lease.retire();
-                    observe::released(self.key(), lease.acquired(), true, lease.held.label());
-                    return Ok(true);
-                }
-                Next::NotFirst => {
-                    self.place = Place::Nowhere;
-                    false
-                }
-                Next::Release { spent } => spent,
-            },
+        let how = LetGo::keeping(lease.keep_for());
+        let Letting::Release { spent } = self.let_go() else {
+            return Ok(true);
         };
         // Should this future be dropped from here on, `Drop` sends the
         // release again in the background (both commands are safe to
         // repeat).
         self.stage = Stage::Releasing { spent };
-        let limit = self.client.op_timeout;
-        let backend = &self.client.backend;
-        let result = match keep_for {
+        let result = match how {
             // min_hold: shorten the lease to what is left of it, keep the key.
-            Some(_) if lease.is_lost() => Ok(false),
-            Some(keep_for) => hold::expire(backend, &lease, keep_for, Expiry::Exact, limit).await,
-            None => hold::release(backend, &lease, limit).await,
+            LetGo::ShortenTo(_) if lease.is_lost() => Ok(false),
+            how => {
+                how.send(&self.client.backend, &lease.held, self.client.op_timeout)
+                    .await
+            }
         };
         self.stage = Stage::Done;
         lease.retire();
         if let Ok(owned) = result {
-            observe::released(self.key(), lease.acquired(), owned, lease.held.label());
+            observe::released(self.key(), lease.acquired(), owned, lease.gauge.label());
         }
         // After the release: the next task of this process finds the key
         // free in Redis (unless another process was quicker).
@@ -443,7 +426,7 @@ impl LockGuard {
     /// error means the command could not be written (the connection was
     /// down): the lease expires by itself.
     pub async fn send_release(mut self) -> Result<(), LockError> {
-        let unheard = matches!(self.lease.scope, Scope::One)
+        let unheard = matches!(self.lease.held.scope, Scope::One)
             && !matches!(self.stage, Stage::Reentry { .. })
             && self.lease.keep_for().is_none();
         if !unheard {
@@ -451,19 +434,8 @@ impl LockGuard {
         }
         self.stop_heartbeat();
         let lease = self.lease.clone();
-        let spent = match self.hand_off() {
-            Next::HandedOver => {
-                self.stage = Stage::Done;
-                self.place = Place::Nowhere;
-                lease.retire();
-                observe::released(self.key(), lease.acquired(), true, lease.held.label());
-                return Ok(());
-            }
-            Next::NotFirst => {
-                self.place = Place::Nowhere;
-                false
-            }
-            Next::Release { spent } => spent,
+        let Letting::Release { spent } = self.let_go() else {
+            return Ok(());
         };
         self.stage = Stage::Releasing { spent };
         let owned = !lease.is_lost();
@@ -471,12 +443,12 @@ impl LockGuard {
         let sent = self
             .client
             .backend
-            .send_release(&lease.storage_key, &lease.token, limit)
+            .send_release(&lease.held.storage_key, &lease.held.token, limit)
             .await;
         self.stage = Stage::Done;
         lease.retire();
         if sent.is_ok() {
-            observe::released(self.key(), lease.acquired(), owned, lease.held.label());
+            observe::released(self.key(), lease.acquired(), owned, lease.gauge.label());
         }
         self.leave_queue(spent);
         sent.map_err(|e| e.with_key(self.key()))
@@ -498,13 +470,37 @@ impl LockGuard {
         // Made only when a task waits for it.
         let handed = || {
             (!lease.is_lost() && lease.keep_for().is_none()).then(|| HandedLease {
-                token: lease.token.clone(),
+                token: lease.held.token.clone(),
                 valid_until: lease.valid_until(),
             })
         };
         self.client
             .queues
-            .hand_off(&lease.storage_key, owner, handed, self.client.handoff)
+            .hand_off(&lease.held.storage_key, owner, handed, self.client.handoff)
+    }
+
+    /// Decides, once for every way of letting go (`release`,
+    /// `send_release`, `Drop`), whether the lease goes to the next task of
+    /// this process or is released in Redis. Handed over, the lease is
+    /// retired and counted released here.
+    fn let_go(&mut self) -> Letting {
+        match self.hand_off() {
+            Next::HandedOver => {
+                self.stage = Stage::Done;
+                self.place = Place::Nowhere;
+                // This guard's lease is over; waiters still watching it
+                // must not take its validity deadline for a loss.
+                self.lease.retire();
+                let lease = &self.lease;
+                observe::released(self.key(), lease.acquired(), true, lease.gauge.label());
+                Letting::HandedOver
+            }
+            Next::NotFirst => {
+                self.place = Place::Nowhere;
+                Letting::Release { spent: false }
+            }
+            Next::Release { spent } => Letting::Release { spent },
+        }
     }
 
     fn leave_queue(&mut self, spent: bool) {
@@ -513,10 +509,10 @@ impl LockGuard {
             Place::Nowhere => {}
             Place::First(owner) => {
                 let after = if spent { YIELD } else { Duration::ZERO };
-                queues.pass_front(&self.lease.storage_key, owner, after);
+                queues.pass_front(&self.lease.held.storage_key, owner, after);
             }
             Place::FirstOfEach(owners) => {
-                if let Scope::Several(parts) = &self.lease.scope {
+                if let Scope::Several(parts) = &self.lease.held.scope {
                     for (part, owner) in parts.iter().zip(owners) {
                         queues.pass_front(&part.storage_key, owner, Duration::ZERO);
                     }
@@ -535,65 +531,49 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_heartbeat();
-        let spent = match std::mem::replace(&mut self.stage, Stage::Done) {
-            Stage::Held => self.hand_off_in_background(),
+        let spent = match std::mem::replace(&mut self.stage, Stage::Held) {
+            Stage::Held => match self.let_go() {
+                Letting::HandedOver => false,
+                Letting::Release { spent } => {
+                    self.release_in_background();
+                    spent
+                }
+            },
             // `release` was dropped before its answer came: the command may
             // never have been sent.
             Stage::Releasing { spent } => {
-                let owned = !self.lease.is_lost();
                 self.release_in_background();
-                observe::released(
-                    self.key(),
-                    self.lease.acquired(),
-                    owned,
-                    self.lease.held.label(),
-                );
                 spent
             }
             // The enclosing body owns the lease and releases it.
             Stage::Reentry { .. } | Stage::Done => false,
         };
+        self.stage = Stage::Done;
         self.leave_queue(spent);
     }
 }
 
 impl LockGuard {
-    /// The guard dropped while held: hands the lease on or releases it in
-    /// the background. Returns whether a hand-off budget ran out.
-    fn hand_off_in_background(&mut self) -> bool {
-        let owned = !self.lease.is_lost();
-        let (release, spent) = match self.hand_off() {
-            Next::HandedOver => {
-                self.place = Place::Nowhere;
-                self.lease.retire();
-                (false, false)
-            }
-            Next::NotFirst => {
-                self.place = Place::Nowhere;
-                (true, false)
-            }
-            Next::Release { spent } => (true, spent),
-        };
-        if release {
-            self.release_in_background();
-        }
-        observe::released(
-            self.key(),
-            self.lease.acquired(),
-            owned,
-            self.lease.held.label(),
-        );
-        spent
-    }
-
+    /// Lets go of the lease in the background, as `release` would have,
+    /// and counts it released.
     fn release_in_background(&self) {
-        spawn_release_lease(
-            self.client.clone(),
-            self.lease.clone(),
-            self.lease.keep_for(),
-        );
-        self.lease.retire();
+        let lease = &self.lease;
+        let owned = !lease.is_lost();
+        let how = LetGo::keeping(lease.keep_for());
+        let until = Instant::now() + lease.ttl();
+        self.client
+            .release_in_background(lease.held.clone(), how, until);
+        lease.retire();
+        observe::released(self.key(), lease.acquired(), owned, lease.gauge.label());
     }
+}
+
+/// How a guard lets its lease go: to the next task of this process, or by
+/// a release in Redis (`spent`: the hand-off budget ran out, so the queue
+/// pauses before its next task goes to Redis).
+enum Letting {
+    HandedOver,
+    Release { spent: bool },
 }
 
 /// Where a guard is in letting go.

@@ -38,9 +38,9 @@
 //! first guard that needed it.)
 
 use crate::backend::{BATCH, Backend, RenewOutcome, Renewable};
-use crate::hold::{self, Expiry};
 use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
+use crate::release::{self, Expiry};
 use crate::token::Token;
 use futures::future::join_all;
 use std::collections::BTreeSet;
@@ -438,11 +438,11 @@ impl Due {
 
 impl Renewable for Due {
     fn storage_key(&self) -> &str {
-        &self.lease.storage_key
+        &self.lease.held.storage_key
     }
 
     fn token(&self) -> &Token {
-        &self.lease.token
+        &self.lease.held.token
     }
 
     fn ttl(&self) -> Duration {
@@ -674,7 +674,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
 /// others (several keys, shared holders, permits) each in its own calls, at
 /// the same time. One answer per lease, in order.
 async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<RenewOutcome> {
-    let one_key = |due: &Due| matches!(due.lease.scope, Scope::One);
+    let one_key = |due: &Due| matches!(due.lease.held.scope, Scope::One);
     if round.iter().all(one_key) {
         return backend.renew_many(round, limit).await;
     }
@@ -684,7 +684,7 @@ async fn renew_each(backend: &Backend, round: &[Due], limit: Duration) -> Vec<Re
     let each = apart.iter().map(|&i| {
         let due = &round[i];
         async move {
-            match hold::expire(backend, &due.lease, due.ttl, Expiry::Renew, limit).await {
+            match release::expire(backend, &due.lease, due.ttl, Expiry::Renew, limit).await {
                 Ok(true) => RenewOutcome::Renewed,
                 Ok(false) => RenewOutcome::NotOurs,
                 Err(e) => {

@@ -114,7 +114,31 @@ impl HoldLimits {
     }
 }
 
+/// What a holder has in Redis: a key (or several, or a place in a key's
+/// holder set) under its token. What a release lets go of, whether the
+/// guard's, `Drop`'s, or that of an acquisition cut short.
+#[derive(Clone)]
+pub(crate) struct Held {
+    /// The Redis key: the prefix, then the caller's key in braces. Shared
+    /// with the process's queue for the key (one allocation per lock).
+    pub(crate) storage_key: Arc<str>,
+    pub(crate) scope: Scope,
+    pub(crate) token: Token,
+}
+
+impl Held {
+    /// `storage_key` alone, exclusively.
+    pub(crate) fn one(storage_key: Arc<str>, token: Token) -> Held {
+        Held {
+            storage_key,
+            scope: Scope::One,
+            token,
+        }
+    }
+}
+
 /// Which keys a lease holds, and how.
+#[derive(Clone)]
 pub(crate) enum Scope {
     /// One key, exclusively: the lease's storage key.
     One,
@@ -127,6 +151,7 @@ pub(crate) enum Scope {
 }
 
 /// One key of a lease on several keys.
+#[derive(Clone)]
 pub(crate) struct Part {
     pub(crate) storage_key: Arc<str>,
     /// Where the caller's key starts in `storage_key`.
@@ -164,13 +189,11 @@ fn caller_key(storage_key: &str, key_start: usize) -> &str {
 /// What a held lock knows about itself; shared by the guard and its
 /// heartbeat.
 pub(crate) struct Lease {
-    /// The Redis key: the prefix, then the caller's key in braces. Shared
-    /// with the process's line for the key (one allocation per lock).
-    pub(crate) storage_key: Arc<str>,
-    /// Where the caller's key starts in `storage_key` (a key is at most
+    /// What it holds in Redis, under which token.
+    pub(crate) held: Held,
+    /// Where the caller's key starts in the storage key (a key is at most
     /// 1 KiB).
     key_start: u32,
-    pub(crate) token: Token,
     pub(crate) fence: Option<u64>,
     /// The ttl in milliseconds (at most 24 h).
     ttl_ms: AtomicU32,
@@ -193,9 +216,8 @@ pub(crate) struct Lease {
     /// one permit, inside the lease (no allocation of its own); the
     /// heartbeat takes it with `try_acquire` and holds it through a round.
     pub(crate) renewing: tokio::sync::Semaphore,
-    pub(crate) scope: Scope,
     /// Its `template` label, and its place in the `lock_core_held` gauge.
-    pub(crate) held: observe::Held,
+    pub(crate) gauge: observe::Held,
 }
 
 /// The instants a lease's hold limits fall on.
@@ -246,9 +268,8 @@ impl Lease {
             })
         });
         Lease {
-            storage_key,
+            held: Held::one(storage_key, token),
             key_start: u32::try_from(key_start).unwrap_or(u32::MAX),
-            token,
             fence,
             ttl_ms: AtomicU32::new(ttl_millis(ttl)),
             valid_until: AtomicU64::new(to_nanos(valid_until)),
@@ -257,39 +278,38 @@ impl Lease {
             acquired: to_nanos(acquired),
             holds,
             renewing: tokio::sync::Semaphore::new(1),
-            scope: Scope::One,
-            held: observe::Held::new(observe::UNLABELLED),
+            gauge: observe::Held::new(observe::UNLABELLED),
         }
     }
 
     /// The same lease, labelled `label` in metrics.
     pub(crate) fn labelled(mut self, label: &'static str) -> Lease {
-        self.held = observe::Held::new(label);
+        self.gauge = observe::Held::new(label);
         self
     }
 
     /// The same lease, holding `scope`.
     pub(crate) fn with_scope(mut self, scope: Scope) -> Lease {
-        self.scope = scope;
+        self.held.scope = scope;
         self
     }
 
     /// Whether this is a shared hold or a permit.
     /// The fencing token of `key`, one of the keys this lease holds.
     pub(crate) fn fence_of(&self, key: &str) -> Option<u64> {
-        match &self.scope {
+        match &self.held.scope {
             Scope::Several(parts) => parts.iter().find(|p| p.key() == key)?.fence,
             _ => self.fence,
         }
     }
 
     pub(crate) fn is_shared(&self) -> bool {
-        matches!(self.scope, Scope::Shared(_))
+        matches!(self.held.scope, Scope::Shared(_))
     }
 
     /// The key as the caller named it (inside the braces of the storage key).
     pub(crate) fn key(&self) -> &str {
-        caller_key(&self.storage_key, self.key_start as usize)
+        caller_key(&self.held.storage_key, self.key_start as usize)
     }
 
     /// When this holder got the lock.
@@ -366,7 +386,7 @@ impl Lease {
     /// logged.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
         // Lost is not held, though the guard lives on until dropped.
-        self.held.down();
+        self.gauge.down();
         let lost =
             self.state
                 .compare_exchange(HELD, reason.code(), Ordering::AcqRel, Ordering::Acquire);
@@ -378,7 +398,7 @@ impl Lease {
 
     /// The guard let go: nothing is held any more, nothing went wrong.
     pub(crate) fn retire(&self) {
-        self.held.down();
+        self.gauge.down();
         let retired =
             self.state
                 .compare_exchange(HELD, RETIRED, Ordering::AcqRel, Ordering::Acquire);

@@ -87,7 +87,7 @@ mod options;
 
 mod backend;
 
-mod hold;
+mod release;
 
 mod heartbeat;
 mod queue;

@@ -5,13 +5,16 @@
 //! messages until the wait runs out.
 
 use crate::backend::{LockKeys, Subscription};
-use crate::client_state::{ClientInner, spawn_release, spawn_release_scope};
+use crate::client_state::ClientInner;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::{LockGuard, RenewSchedule};
-use crate::lease::{HoldLimits, HolderSet, Lease, MIN_TTL, Part, Scope, renewal_due, validity_end};
+use crate::lease::{
+    Held, HoldLimits, HolderSet, Lease, MIN_TTL, Part, Scope, renewal_due, validity_end,
+};
 use crate::observe;
 use crate::options::LockOptions;
 use crate::queue::{Front, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD};
+use crate::release::LetGo;
 use crate::token::{Holder, Token};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -431,28 +434,27 @@ impl Drop for MayHold<'_> {
         if !self.armed {
             return;
         }
-        let (inner, key, token) = (self.inner.clone(), self.key.clone(), self.token.clone());
+        let scope = match self.what {
+            MayHoldKeys::One => Scope::One,
+            MayHoldKeys::Several(keys) => Scope::Several(
+                keys.iter()
+                    .map(|k| Part {
+                        storage_key: k.clone(),
+                        key_start: 0,
+                        fence: None,
+                    })
+                    .collect(),
+            ),
+            MayHoldKeys::Shared(holder_set) => Scope::Shared(Box::new(holder_set.clone())),
+        };
+        let held = Held {
+            storage_key: self.key.clone(),
+            scope,
+            token: self.token.clone(),
+        };
         let until = Instant::now() + self.ttl;
-        match self.what {
-            MayHoldKeys::One => spawn_release(inner, key, token, None, until),
-            MayHoldKeys::Several(keys) => {
-                let parts = keys.iter().map(|k| Part {
-                    storage_key: k.clone(),
-                    key_start: 0,
-                    fence: None,
-                });
-                spawn_release_scope(inner, key, Scope::Several(parts.collect()), token, until);
-            }
-            MayHoldKeys::Shared(holder_set) => {
-                spawn_release_scope(
-                    inner,
-                    key,
-                    Scope::Shared(Box::new(holder_set.clone())),
-                    token,
-                    until,
-                );
-            }
-        }
+        self.inner
+            .release_in_background(held, LetGo::Release, until);
     }
 }
 
@@ -533,7 +535,7 @@ pub(crate) fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff
         Handoff::Free { after, owner } => return inner.queues.pass_front(key, owner, after),
         Handoff::Lease(handed, owner) => (handed, owner),
     };
-    let token = handed.token.clone();
+    let held = Held::one(key.clone(), handed.token.clone());
     let until = handed.valid_until;
     let usable = Instant::now() + MIN_TTL < handed.valid_until;
     let spent =
@@ -543,11 +545,11 @@ pub(crate) fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff
         {
             Next::HandedOver => return,
             Next::NotFirst => {
-                return spawn_release(inner.clone(), key.clone(), token, None, until);
+                return inner.release_in_background(held, LetGo::Release, until);
             }
             Next::Release { spent } => spent,
         };
-    spawn_release(inner.clone(), key.clone(), token, None, until);
+    inner.release_in_background(held, LetGo::Release, until);
     inner
         .queues
         .pass_front(key, owner, if spent { YIELD } else { Duration::ZERO });

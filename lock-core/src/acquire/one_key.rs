@@ -4,12 +4,13 @@
 
 use super::{Contender, Lost, MayHold, Request, Won, writer_key};
 use crate::backend::Attempt;
-use crate::client_state::{ClientInner, spawn_release};
+use crate::client_state::ClientInner;
 use crate::error::LockError;
 use crate::guard::{LockGuard, RenewSchedule};
-use crate::lease::{MIN_TTL, renewal_due};
+use crate::lease::{Held, MIN_TTL, renewal_due};
 use crate::options::LockOptions;
 use crate::queue::{Front, HandedLease, Handoff, Owner, Taken};
+use crate::release::LetGo;
 use crate::token::Token;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -86,13 +87,8 @@ impl ClientInner {
         }
         let sent = Instant::now();
         if sent >= handed.valid_until {
-            spawn_release(
-                inner.clone(),
-                request.storage_key.clone(),
-                handed.token,
-                None,
-                handed.valid_until,
-            );
+            let held = Held::one(request.storage_key.clone(), handed.token);
+            inner.release_in_background(held, LetGo::Release, handed.valid_until);
             return Err(front);
         }
         // Until the answer is in, the lease is this task's to let go: if the

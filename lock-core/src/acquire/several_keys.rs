@@ -3,12 +3,13 @@
 
 use super::{Contender, Lost, MayHold, MayHoldKeys, Request, Won, fence_key, writer_key};
 use crate::backend::{LockKeys, Several};
-use crate::client_state::{ClientInner, spawn_release};
+use crate::client_state::ClientInner;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::lease::{Part, Scope, validity_end};
+use crate::lease::{Held, Part, Scope, validity_end};
 use crate::options::{LockOptions, Mode};
 use crate::queue::{Front, Handoff};
+use crate::release::LetGo;
 use crate::token::Token;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
@@ -94,8 +95,8 @@ impl ClientInner {
     ) {
         match handoff {
             Some(Handoff::Lease(handed, _)) => {
-                let until = handed.valid_until;
-                spawn_release(self.clone(), key.clone(), handed.token, None, until);
+                let held = Held::one(key.clone(), handed.token);
+                self.release_in_background(held, LetGo::Release, handed.valid_until);
             }
             Some(Handoff::Free { after, .. }) if after > Duration::ZERO => {
                 tokio::time::sleep_until(deadline.min(Instant::now() + after)).await;

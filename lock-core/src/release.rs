@@ -1,11 +1,12 @@
-//! What is done in Redis to a lease that is held, whatever it holds (one
-//! key, several keys, a place among shared holders or permits): renew it,
-//! set its ttl, release it.
+//! What is done in Redis to what a holder has ([`Held`]: one key, several
+//! keys, a place among shared holders or permits): release it, or move its
+//! expiry. The one release every path calls: the guard's `release`, its
+//! `Drop`, an acquisition cut short, a hand-off nobody took (those three in
+//! the background, through `ClientInner::release_in_background`).
 
 use crate::backend::{Backend, SharedKeys, SharedLease};
 use crate::error::LockError;
-use crate::lease::{HolderSet, Lease, LossReason, Scope};
-use crate::token::Token;
+use crate::lease::{Held, HolderSet, Lease, LossReason, Scope};
 use futures::future::join_all;
 use std::time::Duration;
 
@@ -29,7 +30,8 @@ pub(crate) enum Expiry {
     Exact,
 }
 
-/// Moves the lease's expiry to `ttl` from now, if it is still ours.
+/// Moves the lease's expiry to `ttl` from now, if it is still ours, and
+/// tells an operator's eviction from an expiry when it is not.
 /// `Ok(false)`: some key of it is certainly not ours any more.
 pub(crate) async fn expire(
     backend: &Backend,
@@ -38,7 +40,25 @@ pub(crate) async fn expire(
     how: Expiry,
     limit: Duration,
 ) -> Result<bool, LockError> {
-    let token = &lease.token;
+    let renewed = set_expiry(backend, &lease.held, ttl, how, limit).await;
+    if matches!(renewed, Ok(false)) && evicted(backend, lease, limit).await {
+        // Before the caller marks it lost as taken over: the first reason
+        // given is the one kept.
+        lease.mark_lost(LossReason::ForceReleased);
+    }
+    renewed
+}
+
+/// Moves the expiry of what `held` holds to `ttl` from now, if it is still
+/// ours. `Ok(false)`: some key of it is certainly not ours any more.
+pub(crate) async fn set_expiry(
+    backend: &Backend,
+    held: &Held,
+    ttl: Duration,
+    how: Expiry,
+    limit: Duration,
+) -> Result<bool, LockError> {
+    let token = &held.token;
     let one = |key: &str| {
         let key = key.to_owned();
         async move {
@@ -48,12 +68,12 @@ pub(crate) async fn expire(
             }
         }
     };
-    let renewed = match &lease.scope {
-        Scope::One => one(&lease.storage_key).await,
+    match &held.scope {
+        Scope::One => one(&held.storage_key).await,
         Scope::Several(parts) => every(join_all(parts.iter().map(|p| one(&p.storage_key))).await),
         Scope::Shared(holder_set) => {
             let holder = SharedLease {
-                keys: shared_keys(&lease.storage_key, holder_set),
+                keys: shared_keys(&held.storage_key, holder_set),
                 token,
                 ttl,
             };
@@ -64,23 +84,19 @@ pub(crate) async fn expire(
                 .await?;
             Ok(renewed.first() == Some(&true))
         }
-    };
-    if matches!(renewed, Ok(false)) && evicted(backend, lease, limit).await {
-        // Before the caller marks it lost as taken over: the first reason
-        // given is the one kept.
-        lease.mark_lost(LossReason::ForceReleased);
     }
-    renewed
 }
 
 /// Whether an operator broke the lease: a tombstone of one of its keys
 /// names its token (see `LockClient::force_release`). Asked only once the
 /// lease is found not ours.
 async fn evicted(backend: &Backend, lease: &Lease, limit: Duration) -> bool {
-    let token = &lease.token;
-    match &lease.scope {
+    let token = &lease.held.token;
+    match &lease.held.scope {
         Scope::One | Scope::Shared(_) => {
-            backend.was_evicted(&lease.storage_key, token, limit).await
+            backend
+                .was_evicted(&lease.held.storage_key, token, limit)
+                .await
         }
         Scope::Several(parts) => join_all(
             parts
@@ -93,32 +109,16 @@ async fn evicted(backend: &Backend, lease: &Lease, limit: Duration) -> bool {
     }
 }
 
-/// Releases the lease. `Ok(false)`: some key of it was no longer ours.
+/// Releases what `held` holds (compare-and-delete, or leaving the holder
+/// set). `Ok(false)`: some key of it was no longer ours.
 pub(crate) async fn release(
     backend: &Backend,
-    lease: &Lease,
+    held: &Held,
     limit: Duration,
 ) -> Result<bool, LockError> {
-    release_keys(
-        backend,
-        &lease.storage_key,
-        &lease.scope,
-        &lease.token,
-        limit,
-    )
-    .await
-}
-
-/// [`release`] of what `token` holds under `scope`.
-pub(crate) async fn release_keys(
-    backend: &Backend,
-    storage_key: &str,
-    scope: &Scope,
-    token: &Token,
-    limit: Duration,
-) -> Result<bool, LockError> {
-    match scope {
-        Scope::One => backend.release(storage_key, token, limit).await,
+    let token = &held.token;
+    match &held.scope {
+        Scope::One => backend.release(&held.storage_key, token, limit).await,
         Scope::Several(parts) => every(
             join_all(
                 parts
@@ -130,8 +130,36 @@ pub(crate) async fn release_keys(
         Scope::Shared(holder_set) => {
             backend
                 .shared()?
-                .shared_release(&shared_keys(storage_key, holder_set), token, limit)
+                .shared_release(&shared_keys(&held.storage_key, holder_set), token, limit)
                 .await
+        }
+    }
+}
+
+/// How a holder lets go: released, or, while its `min_hold` is not over,
+/// shortened to what is left of it (the key kept until then).
+#[derive(Clone, Copy)]
+pub(crate) enum LetGo {
+    Release,
+    ShortenTo(Duration),
+}
+
+impl LetGo {
+    /// Letting go of a lease whose `min_hold` has `keep_for` left, if any.
+    pub(crate) fn keeping(keep_for: Option<Duration>) -> LetGo {
+        keep_for.map_or(LetGo::Release, LetGo::ShortenTo)
+    }
+
+    /// Sends it: [`release`], or [`set_expiry`] to exactly what is left.
+    pub(crate) async fn send(
+        self,
+        backend: &Backend,
+        held: &Held,
+        limit: Duration,
+    ) -> Result<bool, LockError> {
+        match self {
+            LetGo::Release => release(backend, held, limit).await,
+            LetGo::ShortenTo(left) => set_expiry(backend, held, left, Expiry::Exact, limit).await,
         }
     }
 }
