@@ -30,14 +30,16 @@ use std::time::Duration;
 /// more servers (Redlock), [`sentinel`](Self::sentinel) (the primary that
 /// Redis Sentinel names, followed across failovers),
 /// [`cluster`](Self::cluster) (a Redis Cluster), or
-/// [`in_memory`](Self::in_memory).
+/// [`in_memory`](Self::in_memory). Two of them at once are a
+/// [`ErrorKind::Config`] error at [`build`](Self::build).
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockClientBuilder {
-    urls: Vec<String>,
-    sentinel: Option<SentinelSettings>,
+    /// Where the locks live: the one choice those setters make.
+    deployment: Deployment,
+    /// With Sentinel, the primary's login. Its own field, not part of
+    /// [`Deployment::Sentinel`]: it may be given before `.sentinel(...)`.
     sentinel_primary: Option<String>,
-    cluster: Option<Vec<String>>,
     min_replicas: Option<MinReplicas>,
     prefix: String,
     holder: Option<String>,
@@ -48,7 +50,6 @@ pub struct LockClientBuilder {
     node_timeout: Option<Duration>,
     backoff: Backoff,
     handoff: HandoffBudget,
-    memory: Option<MemoryStore>,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -56,10 +57,8 @@ pub struct LockClientBuilder {
 impl Default for LockClientBuilder {
     fn default() -> Self {
         LockClientBuilder {
-            urls: Vec::new(),
-            sentinel: None,
+            deployment: Deployment::Unset,
             sentinel_primary: None,
-            cluster: None,
             min_replicas: None,
             prefix: "lock:".to_owned(),
             holder: None,
@@ -70,7 +69,6 @@ impl Default for LockClientBuilder {
             node_timeout: None,
             backoff: Backoff::default(),
             handoff: HandoffBudget::default(),
-            memory: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -96,9 +94,8 @@ impl LockClientBuilder {
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.urls.push(url.into());
-        self
+    pub fn url(self, url: impl Into<String>) -> Self {
+        self.choose(Deployment::Single(url.into()))
     }
 
     /// Redis Sentinel: locks live on the primary that the Sentinels at
@@ -145,16 +142,15 @@ impl LockClientBuilder {
     ///     .await?;
     /// # drop(client); Ok(()) }
     /// ```
-    pub fn sentinel<I, S>(mut self, sentinel_urls: I, service_name: impl Into<String>) -> Self
+    pub fn sentinel<I, S>(self, sentinel_urls: I, service_name: impl Into<String>) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.sentinel = Some(SentinelSettings {
+        self.choose(Deployment::Sentinel(SentinelSettings {
             urls: sentinel_urls.into_iter().map(Into::into).collect(),
             service: service_name.into(),
-        });
-        self
+        }))
     }
 
     /// With [`sentinel`](Self::sentinel): the user, password and database
@@ -203,9 +199,8 @@ impl LockClientBuilder {
     /// Keeps the locks in this process's memory, in `store`, instead of
     /// Redis: for unit tests. Clients built on one store see the same locks.
     /// See [`LockClient::in_memory`].
-    pub fn in_memory(mut self, store: &MemoryStore) -> Self {
-        self.memory = Some(store.clone());
-        self
+    pub fn in_memory(self, store: &MemoryStore) -> Self {
+        self.choose(Deployment::InMemory(store.clone()))
     }
 
     /// A Redis Cluster, reached first through `urls`
@@ -231,26 +226,25 @@ impl LockClientBuilder {
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    pub fn cluster<I, S>(self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.cluster
-            .get_or_insert_with(Vec::new)
-            .extend(urls.into_iter().map(Into::into));
-        self
+        self.choose(Deployment::Cluster(
+            urls.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// Several independent Redis primaries (at least 3, not replicas of one
     /// another): selects Redlock. Adds to any URL given before.
-    pub fn urls<I, S>(mut self, urls: I) -> Self
+    pub fn urls<I, S>(self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.urls.extend(urls.into_iter().map(Into::into));
-        self
+        // Each as if given to `url`: one URL alone is still one server.
+        urls.into_iter().fold(self, |builder, url| builder.url(url))
     }
 
     /// Redlock only: the bound on each server's answer. Default: 5 % of the
@@ -423,8 +417,6 @@ impl LockClientBuilder {
         )
     }
 
-    /// The checks every kind of deployment shares: durations in range and
-    /// a prefix that leaves room for keys.
     /// The settings every backend's client shares.
     pub(crate) fn settings(&self) -> Settings {
         Settings {
@@ -438,6 +430,8 @@ impl LockClientBuilder {
         }
     }
 
+    /// The checks every kind of deployment shares: durations in range and
+    /// a prefix that leaves room for keys.
     fn check_common(&self) -> Result<(), LockError> {
         check_duration("default_ttl", self.default_ttl, MIN_TTL)?;
         check_duration("default_wait", self.default_wait, Duration::ZERO)?;
@@ -512,98 +506,147 @@ impl LockClientBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn build(self) -> Result<LockClient, LockError> {
-        self.check_schemes()?;
-        if self.cluster.is_some() {
-            return self.build_cluster().await;
-        }
-        self.check_where()?;
-        self.check_min_replicas()?;
-        self.check_common()?;
-        if let Some(timeout) = self.node_timeout {
-            check_duration("node_timeout", timeout, Duration::from_millis(1))?;
-        }
-        if let Some(store) = &self.memory {
-            let backend = Backend::Memory(store.clone());
-            return Ok(LockClient::assemble(self.settings(), backend));
-        }
-        let backend = self.servers()?;
-        let ping_limit = self.connect_timeout.max(self.op_timeout);
+        let (backend, unreachable) = self.backend()?;
         let client = LockClient::assemble(self.settings(), backend);
+        // The in-memory store has nothing to reach.
+        let Some(unreachable) = unreachable else {
+            return Ok(client);
+        };
+        let ping_limit = self.connect_timeout.max(self.op_timeout);
         client.inner.backend.ping(ping_limit).await.map_err(|e| {
             // A refusal (credentials, ACL, TLS certificate) keeps its
             // own explanation.
             if e.kind() != ErrorKind::Unavailable {
                 return e;
             }
-            e.with_message(format!(
-                "cannot reach Redis at {}; check the URL and that the server runs",
-                self.shown_servers().join(", ")
-            ))
+            e.with_message(unreachable)
         })?;
         client.inner.learn_server_clock(ping_limit).await;
         client.inner.check_scripts(ping_limit).await?;
         Ok(client)
     }
 
-    /// Every server URL starts with its scheme.
-    fn check_schemes(&self) -> Result<(), LockError> {
-        let sentinels = self.sentinel.iter().flat_map(|s| &s.urls);
-        let cluster = self.cluster.iter().flatten();
-        self.urls
-            .iter()
-            .chain(sentinels)
-            .chain(cluster)
-            .try_for_each(|url| check_scheme(url))
+    /// Records one setter's choice of where the locks live (see
+    /// [`Deployment::and`]).
+    fn choose(mut self, choice: Deployment) -> Self {
+        self.deployment = std::mem::take(&mut self.deployment).and(choice);
+        self
     }
 
-    /// Exactly one place for the locks: URLs (one, or three and more),
-    /// Sentinels, or an in-memory store.
-    fn check_where(&self) -> Result<(), LockError> {
-        match (self.urls.len(), &self.memory, &self.sentinel) {
-            (0, Some(_), None) | (0, None, Some(_)) => {}
-            (_, Some(_), _) => {
-                return Err(LockError::config(
-                    "both Redis URLs or Sentinels and an in-memory store given; choose one",
-                ));
-            }
-            (_, None, Some(_)) => {
-                return Err(LockError::config(
-                    "both Redis URLs and Sentinels given; choose one (with Sentinel, give the \
-                     primary's credentials with .sentinel_primary_credentials(...))",
-                ));
-            }
-            (0, None, None) => {
+    /// The one place that decides: checks the settings against the chosen
+    /// deployment and makes its backend, not yet connected, with what to
+    /// say when it does not answer (`None`: there is nothing to reach).
+    fn backend(&self) -> Result<(Backend, Option<String>), LockError> {
+        self.deployment.check_schemes()?;
+        let (backend, shown) = match &self.deployment {
+            Deployment::Unset => {
                 return Err(LockError::config(
                     "no Redis URL: call .url(\"redis://host:6379\") on the builder",
                 ));
             }
-            (2, None, None) => {
-                return Err(LockError::config(
-                    "2 Redis URLs: Redlock needs at least 3 independent servers \
-                     (2 cannot outvote one failure); give 1, or 3 or more",
-                ));
+            Deployment::Conflict(choices) => return Err(Deployment::conflict(choices)),
+            Deployment::Single(url) => {
+                self.no_sentinel_primary()?;
+                self.check_min_replicas()?;
+                self.check_shared()?;
+                let mut node = self.node(url)?;
+                node.min_replicas = self.min_replicas;
+                (Backend::Single(node), redact(url))
             }
-            _ => {}
-        }
-        if self.sentinel_primary.is_some() && self.sentinel.is_none() {
+            Deployment::Redlock(urls) => {
+                if urls.len() < 3 {
+                    return Err(LockError::config(format!(
+                        "{} Redis URLs: Redlock needs at least 3 independent servers \
+                         (2 cannot outvote one failure); give 1, or 3 or more",
+                        urls.len()
+                    )));
+                }
+                self.no_sentinel_primary()?;
+                self.no_min_replicas(MIN_REPLICAS_NEEDS_ONE)?;
+                self.check_shared()?;
+                let nodes = urls
+                    .iter()
+                    .map(|url| self.node(url))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let shown = urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
+                let quorum = Quorum::new(nodes, self.node_timeout);
+                (Backend::Redlock(quorum), shown.join(", "))
+            }
+            Deployment::Sentinel(sentinel) => {
+                self.check_min_replicas()?;
+                self.check_shared()?;
+                let mut node = self.sentinel_node(sentinel)?;
+                node.min_replicas = self.min_replicas;
+                (Backend::Single(node), sentinel.shown())
+            }
+            Deployment::Cluster(urls) => return self.cluster_backend(urls),
+            Deployment::InMemory(store) => {
+                self.no_sentinel_primary()?;
+                self.no_min_replicas(MIN_REPLICAS_NEEDS_ONE)?;
+                self.check_shared()?;
+                return Ok((Backend::Memory(store.clone()), None));
+            }
+        };
+        let unreachable =
+            format!("cannot reach Redis at {shown}; check the URL and that the server runs");
+        Ok((backend, Some(unreachable)))
+    }
+
+    /// [`backend`](Self::backend) for a Redis Cluster: no Sentinel
+    /// credentials, `min_replicas` or TLS; `node_timeout` (Redlock's) is
+    /// not looked at.
+    fn cluster_backend(&self, urls: &[String]) -> Result<(Backend, Option<String>), LockError> {
+        self.no_sentinel_primary()?;
+        self.no_min_replicas("min_replicas is not available with a Redis Cluster")?;
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
             return Err(LockError::config(
-                "sentinel_primary_credentials is only used with .sentinel(...)",
+                "TLS certificates were configured, but TLS is not supported with a Redis Cluster",
             ));
+        }
+        self.check_common()?;
+        let node = ClusterNode::new(urls, self.connect_timeout, self.op_timeout)?;
+        let unreachable = format!(
+            "cannot reach the Redis Cluster at {}; check the URLs and that it runs",
+            node.addr()
+        );
+        Ok((Backend::Cluster(node), Some(unreachable)))
+    }
+
+    /// [`check_common`](Self::check_common), and `node_timeout` in range:
+    /// the checks of every deployment but a cluster.
+    fn check_shared(&self) -> Result<(), LockError> {
+        self.check_common()?;
+        if let Some(timeout) = self.node_timeout {
+            check_duration("node_timeout", timeout, Duration::from_millis(1))?;
         }
         Ok(())
     }
 
-    /// `min_replicas` makes sense only with one server, and within the
-    /// operation timeout.
+    /// Every deployment but Sentinel: no primary's credentials.
+    fn no_sentinel_primary(&self) -> Result<(), LockError> {
+        match self.sentinel_primary {
+            Some(_) => Err(LockError::config(
+                "sentinel_primary_credentials is only used with .sentinel(...)",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A deployment where `min_replicas` cannot work: refuses it with `why`.
+    fn no_min_replicas(&self, why: &'static str) -> Result<(), LockError> {
+        match self.min_replicas {
+            Some(_) => Err(LockError::config(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// One server or Sentinel: `min_replicas`, when set, waits for at least
+    /// one replica, within the operation timeout.
     fn check_min_replicas(&self) -> Result<(), LockError> {
         let Some(min) = self.min_replicas else {
             return Ok(());
         };
-        if self.memory.is_some() || self.urls.len() > 1 {
-            return Err(LockError::config(
-                "min_replicas needs one Redis server or Sentinel, not Redlock or in-memory",
-            ));
-        }
         if min.replicas == 0 {
             return Err(LockError::config(
                 "min_replicas(0, ..) waits for nothing: give at least 1, or leave it off",
@@ -623,89 +666,11 @@ impl LockClientBuilder {
         }
         Ok(())
     }
-
-    /// One server (directly or through Sentinel), or a Redlock quorum.
-    fn servers(&self) -> Result<Backend, LockError> {
-        let mut nodes = match &self.sentinel {
-            Some(sentinel) => vec![self.sentinel_node(sentinel)?],
-            None => self
-                .urls
-                .iter()
-                .map(|url| self.node(url))
-                .collect::<Result<Vec<_>, _>>()?,
-        };
-        if nodes.len() > 1 {
-            return Ok(Backend::Redlock(Quorum::new(nodes, self.node_timeout)));
-        }
-        let Some(mut node) = nodes.pop() else {
-            return Err(LockError::config("no Redis URL"));
-        };
-        node.min_replicas = self.min_replicas;
-        Ok(Backend::Single(node))
-    }
-
-    /// Where the servers are, without credentials, for messages.
-    fn shown_servers(&self) -> Vec<String> {
-        match &self.sentinel {
-            Some(sentinel) => vec![format!(
-                "the primary of {:?} named by sentinels {}",
-                sentinel.service,
-                sentinel
-                    .urls
-                    .iter()
-                    .map(|u| redact(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )],
-            None => self.urls.iter().map(|u| redact(u)).collect(),
-        }
-    }
 }
 
-impl LockClientBuilder {
-    /// [`build`](Self::build) for a Redis Cluster.
-    async fn build_cluster(self) -> Result<LockClient, LockError> {
-        let urls = self.cluster.clone().unwrap_or_default();
-        if !self.urls.is_empty() || self.sentinel.is_some() || self.memory.is_some() {
-            return Err(LockError::config(
-                "a Redis Cluster and Redis URLs, Sentinels or an in-memory store given; \
-                 choose one",
-            ));
-        }
-        if self.sentinel_primary.is_some() {
-            return Err(LockError::config(
-                "sentinel_primary_credentials is only used with .sentinel(...)",
-            ));
-        }
-        if self.min_replicas.is_some() {
-            return Err(LockError::config(
-                "min_replicas is not available with a Redis Cluster",
-            ));
-        }
-        #[cfg(feature = "tls")]
-        if self.tls.is_some() {
-            return Err(LockError::config(
-                "TLS certificates were configured, but TLS is not supported with a Redis Cluster",
-            ));
-        }
-        self.check_common()?;
-        let node = ClusterNode::new(&urls, self.connect_timeout, self.op_timeout)?;
-        let shown = node.addr().to_owned();
-        let ping_limit = self.connect_timeout.max(self.op_timeout);
-        let client = LockClient::assemble(self.settings(), Backend::Cluster(node));
-        client.inner.backend.ping(ping_limit).await.map_err(|e| {
-            if e.kind() != ErrorKind::Unavailable {
-                return e;
-            }
-            e.with_message(format!(
-                "cannot reach the Redis Cluster at {shown}; check the URLs and that it runs"
-            ))
-        })?;
-        client.inner.learn_server_clock(ping_limit).await;
-        client.inner.check_scripts(ping_limit).await?;
-        Ok(client)
-    }
-}
+/// Why `min_replicas` is refused with Redlock and in memory.
+const MIN_REPLICAS_NEEDS_ONE: &str =
+    "min_replicas needs one Redis server or Sentinel, not Redlock or in-memory";
 
 /// A URL without its scheme, like `127.0.0.1:6379`, which the redis crate
 /// answers with no more than "Redis URL did not parse": say what to write.
@@ -734,6 +699,114 @@ struct SentinelSettings {
     service: String,
 }
 
+impl SentinelSettings {
+    /// Where the primary is, without credentials, for messages.
+    fn shown(&self) -> String {
+        format!(
+            "the primary of {:?} named by sentinels {}",
+            self.service,
+            self.urls
+                .iter()
+                .map(|u| redact(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// Where the locks live: the one choice that [`LockClientBuilder::url`],
+/// [`urls`](LockClientBuilder::urls), [`sentinel`](LockClientBuilder::sentinel),
+/// [`cluster`](LockClientBuilder::cluster) and
+/// [`in_memory`](LockClientBuilder::in_memory) make, held in one field as
+/// tokio's runtime builder holds its kind, so that
+/// [`build`](LockClientBuilder::build) decides with one `match`.
+#[derive(Clone, Debug, Default)]
+enum Deployment {
+    /// Nothing chosen: `build` says to call `.url(...)`.
+    #[default]
+    Unset,
+    /// One server: `url` called once, or `urls` with one URL.
+    Single(String),
+    /// Independent primaries: two or more URLs. `build` refuses two (they
+    /// cannot outvote one failure).
+    Redlock(Vec<String>),
+    /// The primary that Redis Sentinel names.
+    Sentinel(SentinelSettings),
+    /// A Redis Cluster, reached first through these nodes.
+    Cluster(Vec<String>),
+    /// This process's memory.
+    InMemory(MemoryStore),
+    /// Two kinds of the above or more: the choice made until the first
+    /// setter of another kind, then every later setter's choice, in order;
+    /// none `Unset` or `Conflict`. `build` refuses it, after checking every
+    /// URL's scheme as for the others, with a message naming the kinds.
+    Conflict(Vec<Deployment>),
+}
+
+impl Deployment {
+    /// This choice followed by `next`, one setter's choice (`Single`,
+    /// `Sentinel`, `Cluster` or `InMemory`): another URL adds a server (two
+    /// are Redlock), more cluster nodes add to the nodes, a new Sentinel
+    /// or store replaces the old one, and any other kind conflicts.
+    fn and(self, next: Deployment) -> Deployment {
+        match (self, next) {
+            (Self::Unset, next) => next,
+            (Self::Single(first), Self::Single(url)) => Self::Redlock(vec![first, url]),
+            (Self::Redlock(mut urls), Self::Single(url)) => {
+                urls.push(url);
+                Self::Redlock(urls)
+            }
+            (Self::Cluster(mut urls), Self::Cluster(more)) => {
+                urls.extend(more);
+                Self::Cluster(urls)
+            }
+            (Self::Sentinel(_), next @ Self::Sentinel(_))
+            | (Self::InMemory(_), next @ Self::InMemory(_)) => next,
+            (Self::Conflict(mut choices), next) => {
+                choices.push(next);
+                Self::Conflict(choices)
+            }
+            (first, next) => Self::Conflict(vec![first, next]),
+        }
+    }
+
+    /// Every URL given, Sentinels' and cluster nodes' included, starts
+    /// with its scheme.
+    fn check_schemes(&self) -> Result<(), LockError> {
+        match self {
+            Self::Unset | Self::InMemory(_) => Ok(()),
+            Self::Single(url) => check_scheme(url),
+            Self::Redlock(urls)
+            | Self::Cluster(urls)
+            | Self::Sentinel(SentinelSettings { urls, .. }) => {
+                urls.iter().try_for_each(|url| check_scheme(url))
+            }
+            Self::Conflict(choices) => choices.iter().try_for_each(Self::check_schemes),
+        }
+    }
+
+    /// The error for `choices` that conflict: a cluster is named first,
+    /// then an in-memory store, then the URLs and Sentinels.
+    fn conflict(choices: &[Deployment]) -> LockError {
+        let any = |kind: fn(&Deployment) -> bool| choices.iter().any(kind);
+        if any(|choice| matches!(choice, Self::Cluster(_))) {
+            LockError::config(
+                "a Redis Cluster and Redis URLs, Sentinels or an in-memory store given; \
+                 choose one",
+            )
+        } else if any(|choice| matches!(choice, Self::InMemory(_))) {
+            LockError::config(
+                "both Redis URLs or Sentinels and an in-memory store given; choose one",
+            )
+        } else {
+            LockError::config(
+                "both Redis URLs and Sentinels given; choose one (with Sentinel, give the \
+                 primary's credentials with .sentinel_primary_credentials(...))",
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -759,6 +832,184 @@ mod tests {
             .await
             .err();
         assert_eq!(err.map(|e| e.kind()), Some(ErrorKind::Config));
+    }
+
+    /// The message of `builder`'s build error, which must be a
+    /// [`ErrorKind::Config`] error.
+    async fn config_error(builder: LockClientBuilder) -> String {
+        match builder.build().await {
+            Err(e) if e.kind() == ErrorKind::Config => e.to_string(),
+            Err(e) => panic!("not a Config error: {e}"),
+            Ok(client) => panic!("built {client:?}"),
+        }
+    }
+
+    /// Nothing listens on port 1 here: no test below reaches a server.
+    const A: &str = "redis://127.0.0.1:1";
+    const B: &str = "redis://127.0.0.1:2";
+    const C: &str = "redis://127.0.0.1:3";
+
+    #[test]
+    fn the_setters_make_one_choice() {
+        let chosen = |b: LockClientBuilder| b.deployment;
+        let b = || LockClient::builder();
+        assert!(matches!(chosen(b()), Deployment::Unset));
+        assert!(matches!(
+            chosen(b().urls(Vec::<String>::new())),
+            Deployment::Unset
+        ));
+        assert!(matches!(chosen(b().url(A)), Deployment::Single(u) if u == A));
+        assert!(matches!(chosen(b().urls([A])), Deployment::Single(u) if u == A));
+        assert!(matches!(chosen(b().url(A).url(B)), Deployment::Redlock(u) if u == [A, B]));
+        assert!(matches!(
+            chosen(b().url(A).urls([B, C])),
+            Deployment::Redlock(u) if u == [A, B, C]
+        ));
+        assert!(matches!(
+            chosen(b().cluster([A]).cluster([B])),
+            Deployment::Cluster(u) if u == [A, B]
+        ));
+        assert!(matches!(
+            chosen(b().sentinel([A], "old").sentinel([B], "new")),
+            Deployment::Sentinel(s) if s.service == "new" && s.urls == [B]
+        ));
+        assert!(matches!(
+            chosen(
+                b().in_memory(&MemoryStore::new())
+                    .in_memory(&MemoryStore::new())
+            ),
+            Deployment::InMemory(_)
+        ));
+        // An empty list adds nothing, so it conflicts with nothing.
+        assert!(matches!(
+            chosen(b().sentinel([A], "m").urls(Vec::<String>::new())),
+            Deployment::Sentinel(_)
+        ));
+        let Deployment::Conflict(choices) = chosen(b().url(A).url(B).sentinel([C], "m").url(C))
+        else {
+            panic!("not a conflict");
+        };
+        assert!(matches!(
+            choices.as_slice(),
+            [
+                Deployment::Redlock(_),
+                Deployment::Sentinel(_),
+                Deployment::Single(_)
+            ]
+        ));
+    }
+
+    #[tokio::test]
+    async fn two_places_at_once_are_refused_whatever_the_order() {
+        let store = MemoryStore::new();
+        let sentinel = "both Redis URLs and Sentinels given; choose one";
+        let memory = "both Redis URLs or Sentinels and an in-memory store given; choose one";
+        let cluster = "a Redis Cluster and Redis URLs, Sentinels or an in-memory store given; \
+                       choose one";
+        let b = || LockClient::builder();
+        let cases = [
+            (b().url(A).sentinel([B], "m"), sentinel),
+            (b().sentinel([B], "m").urls([A, B, C]), sentinel),
+            (b().url(A).in_memory(&store), memory),
+            (b().in_memory(&store).sentinel([B], "m"), memory),
+            (b().url(A).sentinel([B], "m").in_memory(&store), memory),
+            (b().url(A).cluster([B]), cluster),
+            (b().cluster([B]).in_memory(&store), cluster),
+            (
+                b().sentinel([A], "m").cluster(Vec::<String>::new()),
+                cluster,
+            ),
+            (b().url(A).in_memory(&store).cluster([B]), cluster),
+        ];
+        for (i, (builder, expected)) in cases.into_iter().enumerate() {
+            let message = config_error(builder).await;
+            assert!(message.contains(expected), "case {i}: {message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_url_of_a_conflict_is_checked_for_its_scheme_first() {
+        let builder = LockClient::builder()
+            .in_memory(&MemoryStore::new())
+            .url(A)
+            .cluster(["127.0.0.1:7000"]);
+        let message = config_error(builder).await;
+        assert!(
+            message.contains("write it as redis://127.0.0.1:7000"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_servers_are_counted_as_before() {
+        let message = config_error(LockClient::builder()).await;
+        assert!(message.contains("no Redis URL: call .url("), "{message}");
+        let message = config_error(LockClient::builder().url(A).url(B)).await;
+        assert!(
+            message.contains("2 Redis URLs: Redlock needs at least 3 independent servers"),
+            "{message}"
+        );
+        let message = config_error(LockClient::builder().urls([A, B])).await;
+        assert!(message.contains("2 Redis URLs"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn settings_of_another_deployment_are_refused() {
+        let wait = Duration::from_millis(100);
+        let b = || LockClient::builder();
+        let only_sentinel = "sentinel_primary_credentials is only used with .sentinel(...)";
+        let needs_one = MIN_REPLICAS_NEEDS_ONE;
+        let cases = [
+            (b().url(A).sentinel_primary_credentials(B), only_sentinel),
+            (
+                b().urls([A, B, C]).sentinel_primary_credentials(B),
+                only_sentinel,
+            ),
+            (
+                b().cluster([A]).sentinel_primary_credentials(B),
+                only_sentinel,
+            ),
+            (
+                b().in_memory(&MemoryStore::new())
+                    .sentinel_primary_credentials(B),
+                only_sentinel,
+            ),
+            (b().urls([A, B, C]).min_replicas(1, wait), needs_one),
+            (
+                b().in_memory(&MemoryStore::new()).min_replicas(1, wait),
+                needs_one,
+            ),
+            (
+                b().cluster([A]).min_replicas(1, wait),
+                "min_replicas is not available with a Redis Cluster",
+            ),
+            (
+                b().url(A).min_replicas(0, wait),
+                "min_replicas(0, ..) waits for nothing",
+            ),
+        ];
+        for (i, (builder, expected)) in cases.into_iter().enumerate() {
+            let message = config_error(builder).await;
+            assert!(message.contains(expected), "case {i}: {message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn in_memory_builds_on_the_last_store_given() {
+        let (first, last) = (MemoryStore::new(), MemoryStore::new());
+        let client = LockClient::builder()
+            .in_memory(&first)
+            .in_memory(&last)
+            .build()
+            .await
+            .map_err(|e| e.to_string());
+        let Ok(client) = client else {
+            panic!("{client:?}");
+        };
+        let ttl = Duration::from_secs(5);
+        let held = LockClient::in_memory_on(&last).try_lock("k", ttl).await;
+        assert!(matches!(held, Ok(Some(_))));
+        assert!(matches!(client.try_lock("k", ttl).await, Ok(None)));
     }
 
     #[test]
