@@ -75,32 +75,49 @@
 
 // From the bottom layer up: a module uses only those above it in this list.
 // (Blank lines keep rustfmt from sorting the layers into one alphabet.)
+// Jittered exponential backoff between attempts.
 mod backoff;
+// `LockError`, `ErrorKind`, `LossReason`: every failure a caller can see.
 mod error;
+// The Lua scripts (`scripts/*.lua`) and their `EVALSHA` calls.
 mod scripts;
+// Tokens, holder names and the value a lock key stores.
 mod token;
 
+// Tracing spans and events, and metrics with the `metrics` feature.
 mod observe;
 
+// A lease: what is held, its validity deadline, loss, hold limits.
 mod lease;
+// `LockOptions`: ttl, wait, renewal, fencing, mode, hold limits.
 mod options;
 
+// Where locks live: one server, Redlock, Cluster, Sentinel, in memory.
 mod backend;
 
+// Letting go of what is held, and moving its expiry: the one release.
 mod release;
 
+// The heartbeat: renews every held lease, on a thread of its own.
 mod heartbeat;
+// This process's wait queue per key, and hand-offs between its tasks.
 mod queue;
 
+// What every clone of a client shares, and the background release.
 mod client_state;
 
+// The locks an annotated body holds (`current_lock`, re-entry).
 mod current;
+// `LockGuard`: the held lock, its loss signal, release and `Drop`.
 mod guard;
 
+// Acquisition by kind: one key, several keys, shared holders and permits.
 mod acquire;
 
+// `LockClient`, its builder and the operators' calls.
 mod client;
 
+// The process-wide client and the per-task default client.
 mod global;
 
 #[doc(hidden)]

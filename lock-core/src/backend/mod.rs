@@ -1,16 +1,28 @@
-//! Where locks live: one Redis server, a Redlock quorum of several, or a
-//! Redis Cluster.
+//! Where locks live: one Redis server, a Redlock quorum of several, a
+//! Redis Cluster, or this process's memory. The [`Backend`] enum and its
+//! dispatch are here, in one place.
 
+// What a call sends and answers: lock keys, attempts, renewal outcomes.
 mod calls;
+// A Redis Cluster: one connection routing each command to its slot.
 mod cluster;
+// The lock commands, written once over `Server`.
 mod commands;
+// The connection a client's locks share, replaced when it breaks.
 mod connection;
+// Locks in this process's memory, for users' tests.
 mod memory;
+// One Redis server (or Sentinel's primary) and its connection.
 mod node;
+// The operators' commands: inspect, force release, list.
 mod operators;
+// Redlock: a majority of independent servers.
 mod quorum;
+// `Server`: what the commands need of a connection, one bounded call.
 mod server;
+// Release wake-ups over pub/sub.
 mod wakeup;
+// lock-core's own pipelined RESP connection over TCP.
 mod wire;
 
 pub(crate) use calls::{
