@@ -1,9 +1,11 @@
 //! [`LockClient`]: the one way in.
 
 mod builder;
+mod leader;
 mod operators;
 
 pub use builder::LockClientBuilder;
+pub use leader::Leadership;
 pub use operators::{LockCursor, LockKind, LockPage, LockState};
 
 use crate::acquire;

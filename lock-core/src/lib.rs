@@ -114,7 +114,7 @@ mod guard;
 // Acquisition by kind: one key, several keys, shared holders and permits.
 mod acquire;
 
-// `LockClient`, its builder and the operators' calls.
+// `LockClient`, its builder, the operators' calls and leader election.
 mod client;
 
 // The process-wide client and the per-task default client.
@@ -129,7 +129,7 @@ mod private;
 
 pub use backend::MemoryStore;
 pub use backoff::Backoff;
-pub use client::{LockClient, LockClientBuilder};
+pub use client::{Leadership, LockClient, LockClientBuilder};
 pub use client::{LockCursor, LockKind, LockPage, LockState};
 pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, LossReason, NodeError, QuorumFailure, TimedOut};
