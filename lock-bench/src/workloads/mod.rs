@@ -13,6 +13,7 @@
 //! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
 //! | W9 | 8 shared readers and 1 exclusive writer on one key |
 
+mod killable;
 pub mod w1;
 pub mod w2;
 pub mod w3;
@@ -96,6 +97,25 @@ pub fn spawn_self(
         return Err(fail(format!("{what} has no stdin or stdout")));
     };
     Ok((child, stdin, stdout))
+}
+
+/// The bound of every call the bench makes itself in W7.
+pub const CALL_BOUND: Duration = Duration::from_secs(5);
+
+/// `call`, failed after [`CALL_BOUND`].
+pub async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> BenchResult<T>
+where
+    BenchError: From<E>,
+{
+    match tokio::time::timeout(CALL_BOUND, call).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(fail(format!("Redis did not answer within {CALL_BOUND:?}"))),
+    }
+}
+
+/// Milliseconds (positive) in nanoseconds.
+pub fn millis_ns(ms: i64) -> u64 {
+    u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
 }
 
 /// Says on stderr what is being measured (stdout is for the table).
