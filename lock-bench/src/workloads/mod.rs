@@ -12,9 +12,12 @@
 //! | W7 | takeover after a holder process is killed; releases nobody announces |
 //! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
 //! | W9 | 8 shared readers and 1 exclusive writer on one key |
+//! | W10 | failover: the next leader's first write after a resignation or a crash |
 
+mod campaign;
 mod killable;
 pub mod w1;
+pub mod w10;
 pub mod w2;
 pub mod w3;
 pub mod w3p;
@@ -58,6 +61,10 @@ pub struct Context {
     pub impls: Vec<Impl>,
     /// Takeovers per W7 row.
     pub w7_rounds: usize,
+    /// Resignations per W10 resignation row.
+    pub w10_resignations: usize,
+    /// Crashes per W10 crash row.
+    pub w10_crashes: usize,
 }
 
 impl Context {
@@ -99,7 +106,7 @@ pub fn spawn_self(
     Ok((child, stdin, stdout))
 }
 
-/// The bound of every call the bench makes itself in W7.
+/// The bound of every call the bench makes itself in W7 and W10.
 pub const CALL_BOUND: Duration = Duration::from_secs(5);
 
 /// `call`, failed after [`CALL_BOUND`].
