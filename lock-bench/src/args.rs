@@ -16,7 +16,7 @@ USAGE:
 OPTIONS:
     --seconds N       measured time per row, in seconds (default 5)
     --only LIST       workloads to run, comma-separated:
-                      W1,W2,W3,W3p,W4,W5,W6,W7,W8,W9 (default: all)
+                      W1,W2,W3,W3p,W4,W5,W6,W7,W8,W9,W10 (default: all)
     --out DIR         where the CSV, JSON and text copies of the table go
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
@@ -26,6 +26,9 @@ OPTIONS:
                       for N seconds and print what would grow with a leak
                       (RSS, connections, tasks, subscriptions, queued keys)
     --w7-rounds N     takeovers per W7 row (default 30)
+    --w10-resignations N
+                      leaders resigning per W10 resignation row (default 200)
+    --w10-crashes N   leaders killed per W10 crash row (default 30)
     --impls LIST      rows of W1, W2, W4 and W8 to run, comma-separated: floor,
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
@@ -56,6 +59,10 @@ pub struct Options {
     pub soak: Option<Duration>,
     /// Takeovers per W7 row.
     pub w7_rounds: usize,
+    /// Resignations per W10 resignation row.
+    pub w10_resignations: usize,
+    /// Crashes per W10 crash row.
+    pub w10_crashes: usize,
 }
 
 /// Arguments of the hidden holder mode (a W7 child process, killed while
@@ -68,6 +75,22 @@ pub struct HolderArgs {
     pub url: String,
     /// The lock's key, as the implementation names it.
     pub key: String,
+    /// The lease.
+    pub ttl: Duration,
+}
+
+/// Arguments of the hidden leader mode (a W10 child process, killed while
+/// it leads).
+#[derive(Clone, Debug)]
+pub struct LeaderArgs {
+    /// Which implementation campaigns (`guard`, `rslock`).
+    pub implementation: String,
+    /// The Redis server.
+    pub url: String,
+    /// The election's key, as the implementation names it.
+    pub key: String,
+    /// The register the leader writes.
+    pub register: String,
     /// The lease.
     pub ttl: Duration,
 }
@@ -97,6 +120,8 @@ pub enum Command {
     Worker(WorkerArgs),
     /// A W7 holder process, started (and killed) by the bench itself.
     Holder(HolderArgs),
+    /// A W10 leader process, started (and killed) by the bench itself.
+    Leader(LeaderArgs),
     /// Print [`USAGE`].
     Help,
 }
@@ -106,6 +131,9 @@ pub const WORKER_FLAG: &str = "--worker";
 
 /// The flag of the hidden holder mode; not in [`USAGE`].
 pub const HOLDER_FLAG: &str = "--w7-holder";
+
+/// The flag of the hidden leader mode; not in [`USAGE`].
+pub const LEADER_FLAG: &str = "--w10-leader";
 
 /// Parses the arguments after the program name.
 pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
@@ -120,6 +148,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         impls: Impl::ALL.to_vec(),
         soak: None,
         w7_rounds: 30,
+        w10_resignations: 200,
+        w10_crashes: 30,
     };
     let mut worker: Option<WorkerArgs> = None;
     while let Some(arg) = args.next() {
@@ -135,17 +165,11 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--w5-ttl" => options.w5_ttl = seconds(&value("--w5-ttl")?)?,
             "--soak" => options.soak = Some(seconds(&value("--soak")?)?),
             "--w7-rounds" => options.w7_rounds = count(&value("--w7-rounds")?)?,
-            HOLDER_FLAG => {
-                let mut next = || value(HOLDER_FLAG);
-                let (implementation, url, key) = (next()?, next()?, next()?);
-                let ttl = Duration::from_millis(u64::try_from(count(&next()?)?)?);
-                return Ok(Command::Holder(HolderArgs {
-                    implementation,
-                    url,
-                    key,
-                    ttl,
-                }));
+            "--w10-resignations" => {
+                options.w10_resignations = count(&value("--w10-resignations")?)?;
             }
+            "--w10-crashes" => options.w10_crashes = count(&value("--w10-crashes")?)?,
+            HOLDER_FLAG | LEADER_FLAG => return hidden(&arg, &mut args),
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
             "--impls" => options.impls = impls(&value("--impls")?)?,
@@ -184,6 +208,37 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
     })
 }
 
+/// The hidden modes of a process the bench kills: `flag` ([`HOLDER_FLAG`]
+/// or [`LEADER_FLAG`]) and the values after it.
+fn hidden(flag: &str, args: &mut impl Iterator<Item = String>) -> BenchResult<Command> {
+    let mut next = || {
+        args.next()
+            .ok_or_else(|| fail(format!("{flag} needs a value")))
+    };
+    let millis = |text: String| -> BenchResult<Duration> {
+        Ok(Duration::from_millis(u64::try_from(count(&text)?)?))
+    };
+    let (implementation, url, key) = (next()?, next()?, next()?);
+    if flag == HOLDER_FLAG {
+        let ttl = millis(next()?)?;
+        return Ok(Command::Holder(HolderArgs {
+            implementation,
+            url,
+            key,
+            ttl,
+        }));
+    }
+    let register = next()?;
+    let ttl = millis(next()?)?;
+    Ok(Command::Leader(LeaderArgs {
+        implementation,
+        url,
+        key,
+        register,
+        ttl,
+    }))
+}
+
 /// A positive number of seconds, fractions allowed.
 fn seconds(text: &str) -> BenchResult<Duration> {
     let value: f64 = text
@@ -211,7 +266,7 @@ fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
         WorkloadId::parse,
         "--only",
         "workload",
-        "W1, W2, W3, W3p, W4, W5, W6, W7, W8 or W9",
+        "W1, W2, W3, W3p, W4, W5, W6, W7, W8, W9 or W10",
     )
 }
 
@@ -305,7 +360,9 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        assert!(parse_strs(&["--only", "W10"]).is_err());
+        assert!(parse_strs(&["--only", "W11"]).is_err());
+        assert!(parse_strs(&["--w10-crashes", "0"]).is_err());
+        assert!(parse_strs(&["--w10-leader", "guard", "redis://x", "k", "r"]).is_err());
         assert!(parse_strs(&["--w7-rounds", "0"]).is_err());
         assert!(parse_strs(&["--w7-holder", "guard", "redis://x"]).is_err());
         assert!(parse_strs(&["--seconds", "0"]).is_err());
@@ -323,6 +380,49 @@ mod tests {
         };
         assert_eq!(options.only, vec![WorkloadId::W1, WorkloadId::W7]);
         assert_eq!(options.w7_rounds, 5);
+    }
+
+    #[test]
+    fn w10_is_a_workload_with_its_rounds() {
+        let Ok(Command::Run(options)) = parse_strs(&[
+            "--only",
+            "w10,W7",
+            "--w10-resignations",
+            "50",
+            "--w10-crashes",
+            "5",
+        ]) else {
+            panic!("valid arguments");
+        };
+        assert_eq!(options.only, vec![WorkloadId::W7, WorkloadId::W10]);
+        assert_eq!((options.w10_resignations, options.w10_crashes), (50, 5));
+        let Ok(Command::Run(defaults)) = parse_strs(&[]) else {
+            panic!("no arguments is a run");
+        };
+        assert_eq!((defaults.w10_resignations, defaults.w10_crashes), (200, 30));
+    }
+
+    #[test]
+    fn leader_mode_is_parsed() {
+        let Ok(Command::Leader(l)) = parse_strs(&[
+            "--w10-leader",
+            "rslock",
+            "redis://127.0.0.1:1",
+            "k",
+            "reg",
+            "500",
+        ]) else {
+            panic!("leader arguments");
+        };
+        assert_eq!(
+            (
+                l.implementation.as_str(),
+                l.key.as_str(),
+                l.register.as_str()
+            ),
+            ("rslock", "k", "reg")
+        );
+        assert_eq!(l.ttl, Duration::from_millis(500));
     }
 
     #[test]

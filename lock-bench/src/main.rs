@@ -17,8 +17,8 @@
 //! Modules: [`args`] (options and flags), [`servers`] (the redis-server
 //! processes and admin commands), [`minimum`] (the hand-written lock),
 //! [`contenders`] (the implementations behind one interface), [`table`]
-//! (workload ids, rows, row labels), [`workloads`] (W1-W9 and their loops;
-//! W7 re-executes the bench as a holder it kills), [`stats`] (percentiles,
+//! (workload ids, rows, row labels), [`workloads`] (W1-W10 and their loops;
+//! W7 and W10 re-execute the bench as a holder or leader they kill), [`stats`] (percentiles,
 //! merged acquisition records, clocks), [`sysinfo`] (`/proc`), [`report`]
 //! (table, CSV, JSON, ratios).
 //!
@@ -64,6 +64,7 @@ fn main() -> ExitCode {
         }
         Command::Worker(worker) => workloads::w3p::worker(&worker),
         Command::Holder(holder) => workloads::w7::holder(&holder),
+        Command::Leader(leader) => workloads::w10::leader(&leader),
         Command::Run(options) => run(&options),
     };
     match result {
@@ -144,6 +145,8 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         w5_ttl: options.w5_ttl,
         impls: options.impls.clone(),
         w7_rounds: options.w7_rounds,
+        w10_resignations: options.w10_resignations,
+        w10_crashes: options.w10_crashes,
     };
     let mut results = Vec::new();
     for id in &options.only {
@@ -158,6 +161,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             WorkloadId::W7 => workloads::w7::run(&ctx).await?,
             WorkloadId::W8 => workloads::w8::run(&ctx).await?,
             WorkloadId::W9 => workloads::w9::run(&ctx).await?,
+            WorkloadId::W10 => workloads::w10::run(&ctx).await?,
         };
         results.push(result);
     }

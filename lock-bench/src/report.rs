@@ -76,7 +76,7 @@ impl Report {
             if w.id == WorkloadId::W1 {
                 out.against_floor(w);
             }
-            if w.row(Impl::Rslock).is_some() && w.id != WorkloadId::W7 {
+            if w.row(Impl::Rslock).is_some() && !matches!(w.id, WorkloadId::W7 | WorkloadId::W10) {
                 out.against_rslock(w);
             }
             if matches!(w.id, WorkloadId::W3 | WorkloadId::W3p) {
@@ -84,6 +84,9 @@ impl Report {
             }
             if w.id == WorkloadId::W7 {
                 out.takeover(w);
+            }
+            if w.id == WorkloadId::W10 {
+                out.failover(w);
             }
         }
         if let Some(w3p) = self.workload(WorkloadId::W3p)
@@ -554,6 +557,45 @@ impl Ratios {
         );
     }
 
+    /// W10: how soon the next leader writes, lock-core's campaigners against
+    /// the rslock loop (the baseline), after a resignation and after a
+    /// crash (from the kill and from the lease's expiry).
+    fn failover(&mut self, w: &WorkloadResult) {
+        use crate::table::{
+            CAMPAIGN_EXPIRED, CAMPAIGN_KILLED, CAMPAIGN_RESIGNED, RSLOCK_EXPIRED, RSLOCK_KILLED,
+            RSLOCK_RESIGNED,
+        };
+        let figure = |label, f: fn(&Row) -> Option<f64>| w.labelled(label).and_then(f);
+        let p50: fn(&Row) -> Option<f64> = |r| r.p50_us;
+        let p99: fn(&Row) -> Option<f64> = |r| r.p99_us;
+        let cases = [
+            ("a resignation", CAMPAIGN_RESIGNED, RSLOCK_RESIGNED),
+            ("a crash, from the kill", CAMPAIGN_KILLED, RSLOCK_KILLED),
+            ("a crash, from the expiry", CAMPAIGN_EXPIRED, RSLOCK_EXPIRED),
+        ];
+        for (case, ours, baseline) in cases {
+            for (name, f) in [("p50", p50), ("p99", p99)] {
+                self.push(
+                    w.id,
+                    format!("lock-core / rslock, failover after {case}, {name}"),
+                    div(figure(ours, f), figure(baseline, f)),
+                    None,
+                );
+            }
+        }
+        for (case, label) in [
+            ("a resignation", CAMPAIGN_RESIGNED),
+            ("a crash, from the expiry", CAMPAIGN_EXPIRED),
+        ] {
+            self.push(
+                w.id,
+                format!("lock-core, failover after {case}, p50, ms"),
+                figure(label, p50).map(|us| us / 1_000.0),
+                None,
+            );
+        }
+    }
+
     /// W3, W3p: owner switches and the longest wait against rslock's.
     fn contended(&mut self, w: &WorkloadResult) {
         let switches = |imp| w.row(imp).and_then(|r| r.switches_per_s);
@@ -867,6 +909,55 @@ mod tests {
         );
         assert!(report.render().contains(EXCLUSIVE_WRITER));
         assert!(report.csv().contains(SHARED_READERS));
+    }
+
+    #[test]
+    fn failover_rows_are_compared_with_the_rslock_loop() {
+        use crate::table::{CAMPAIGN_EXPIRED, CAMPAIGN_RESIGNED, RSLOCK_EXPIRED, RSLOCK_RESIGNED};
+        let figures = [
+            (Impl::Guard, CAMPAIGN_RESIGNED, 500.0, 2_000.0),
+            (Impl::Guard, CAMPAIGN_EXPIRED, 1_000.0, 4_000.0),
+            (Impl::Rslock, RSLOCK_RESIGNED, 50_000.0, 200_000.0),
+            (Impl::Rslock, RSLOCK_EXPIRED, 40_000.0, 160_000.0),
+        ];
+        let rows = figures
+            .into_iter()
+            .map(|(imp, label, p50, p99)| {
+                let mut row = Row::new(imp, "failovers");
+                row.label = Some(label);
+                row.p50_us = Some(p50);
+                row.p99_us = Some(p99);
+                row
+            })
+            .collect();
+        let report = Report {
+            machine: Machine::default(),
+            seconds: 1.0,
+            workloads: vec![WorkloadResult {
+                id: WorkloadId::W10,
+                title: "failover",
+                params: String::new(),
+                rows,
+            }],
+        };
+        let ratios = report.ratios();
+        let find = |name: &str| find(&ratios, name).map(|r| r.0);
+        assert_eq!(
+            find("lock-core / rslock, failover after a resignation, p50"),
+            Some(0.01)
+        );
+        assert_eq!(
+            find("lock-core / rslock, failover after a crash, from the expiry, p99"),
+            Some(0.025)
+        );
+        assert_eq!(
+            find("lock-core, failover after a resignation, p50, ms"),
+            Some(0.5)
+        );
+        // No kill rows: no ratio of them, and no rates against rslock.
+        assert!(ratios.iter().all(|r| !r.name.contains("kill")));
+        assert!(ratios.iter().all(|r| !r.name.contains("/s")));
+        assert!(report.render().contains("W10  failover"));
     }
 
     #[test]

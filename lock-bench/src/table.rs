@@ -1,6 +1,6 @@
 //! The table's types: which workload a result belongs to, one row of
 //! figures, one workload's rows, and the labels of the rows that are not
-//! named after their implementation (W7, W8, W9). The workloads fill them
+//! named after their implementation (W7, W8, W9, W10). The workloads fill them
 //! in and the report prints them and finds rows by them; this module uses
 //! neither.
 
@@ -29,11 +29,13 @@ pub enum WorkloadId {
     W8,
     /// Shared readers and a writer.
     W9,
+    /// Failover of an election's leader.
+    W10,
 }
 
 impl WorkloadId {
     /// Every workload, in table order.
-    pub const ALL: [WorkloadId; 10] = [
+    pub const ALL: [WorkloadId; 11] = [
         WorkloadId::W1,
         WorkloadId::W2,
         WorkloadId::W3,
@@ -44,6 +46,7 @@ impl WorkloadId {
         WorkloadId::W7,
         WorkloadId::W8,
         WorkloadId::W9,
+        WorkloadId::W10,
     ];
 
     /// `W1`, ..., `W3p`, ...
@@ -59,6 +62,7 @@ impl WorkloadId {
             WorkloadId::W7 => "W7",
             WorkloadId::W8 => "W8",
             WorkloadId::W9 => "W9",
+            WorkloadId::W10 => "W10",
         }
     }
 
@@ -204,6 +208,19 @@ pub const EXCLUSIVE_READERS: &str = "lock-core exclusive: readers";
 /// W9: the writer of the baseline.
 pub const EXCLUSIVE_WRITER: &str = "lock-core exclusive: writer";
 
+/// W10: lock-core's campaigners, from the leader's resignation.
+pub const CAMPAIGN_RESIGNED: &str = "lock-core campaign: resignation";
+/// W10: lock-core's campaigners, from the crashed leader's kill.
+pub const CAMPAIGN_KILLED: &str = "lock-core campaign: crash (kill)";
+/// W10: lock-core's campaigners, from the crashed leader's lease expiry.
+pub const CAMPAIGN_EXPIRED: &str = "lock-core campaign: crash (expiry)";
+/// W10: the rslock loop (the baseline), from the leader's resignation.
+pub const RSLOCK_RESIGNED: &str = "rslock loop: resignation";
+/// W10: the rslock loop, from the crashed leader's kill.
+pub const RSLOCK_KILLED: &str = "rslock loop: crash (kill)";
+/// W10: the rslock loop, from the crashed leader's lease expiry.
+pub const RSLOCK_EXPIRED: &str = "rslock loop: crash (expiry)";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +232,7 @@ mod tests {
         }
         assert_eq!(WorkloadId::parse("w3P"), Some(WorkloadId::W3p));
         assert_eq!(WorkloadId::parse("w7"), Some(WorkloadId::W7));
-        assert_eq!(WorkloadId::parse("W10"), None);
+        assert_eq!(WorkloadId::parse("w10"), Some(WorkloadId::W10));
+        assert_eq!(WorkloadId::parse("W11"), None);
     }
 }

@@ -12,8 +12,12 @@
 //! | W7 | takeover after a holder process is killed; releases nobody announces |
 //! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
 //! | W9 | 8 shared readers and 1 exclusive writer on one key |
+//! | W10 | failover: the next leader's first write after a resignation or a crash |
 
+mod campaign;
+mod killable;
 pub mod w1;
+pub mod w10;
 pub mod w2;
 pub mod w3;
 pub mod w3p;
@@ -57,6 +61,10 @@ pub struct Context {
     pub impls: Vec<Impl>,
     /// Takeovers per W7 row.
     pub w7_rounds: usize,
+    /// Resignations per W10 resignation row.
+    pub w10_resignations: usize,
+    /// Crashes per W10 crash row.
+    pub w10_crashes: usize,
 }
 
 impl Context {
@@ -96,6 +104,25 @@ pub fn spawn_self(
         return Err(fail(format!("{what} has no stdin or stdout")));
     };
     Ok((child, stdin, stdout))
+}
+
+/// The bound of every call the bench makes itself in W7 and W10.
+pub const CALL_BOUND: Duration = Duration::from_secs(5);
+
+/// `call`, failed after [`CALL_BOUND`].
+pub async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> BenchResult<T>
+where
+    BenchError: From<E>,
+{
+    match tokio::time::timeout(CALL_BOUND, call).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(fail(format!("Redis did not answer within {CALL_BOUND:?}"))),
+    }
+}
+
+/// Milliseconds (positive) in nanoseconds.
+pub fn millis_ns(ms: i64) -> u64 {
+    u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
 }
 
 /// Says on stderr what is being measured (stdout is for the table).

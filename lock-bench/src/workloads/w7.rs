@@ -27,7 +27,8 @@
 //! commands the server ran per round (`INFO commandstats`, everyone's
 //! included) show what polling a foreign holder costs.
 
-use super::{Context, progress, spawn_self};
+use super::killable::Killable;
+use super::{CALL_BOUND, Context, bounded, millis_ns, progress};
 use crate::args::{HOLDER_FLAG, HolderArgs};
 use crate::contenders::{Exclusion, Impl, Locker, Section, TTL, lock_core_client};
 use crate::error::{BenchResult, fail};
@@ -36,8 +37,7 @@ use crate::stats::{Spread, wall_ns};
 use crate::table::{FOREIGN, PUBLISHED, Row, UNANNOUNCED, WorkloadId, WorkloadResult};
 use lock_core::LockOptions;
 use redis::aio::MultiplexedConnection;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout};
+use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,9 +55,6 @@ const SKIPS_PER_ROUND: usize = 1;
 /// How long after the waiter starts the holder of a release row releases:
 /// long enough for the waiter's polling to reach its steady rate.
 const RELEASE_HOLD: Duration = Duration::from_secs(1);
-
-/// The bound of every call the bench makes itself in W7.
-const CALL_BOUND: Duration = Duration::from_secs(5);
 
 /// The crash rows, in table order.
 const CRASH_ROWS: [Impl; 3] = [Impl::Minimum, Impl::Guard, Impl::Rslock];
@@ -148,7 +145,7 @@ async fn crash_round(
     admin: &mut MultiplexedConnection,
 ) -> BenchResult<Option<u64>> {
     let args = [imp.id(), url, key, &CRASH_TTL.as_millis().to_string()].map(str::to_owned);
-    let mut holder = tokio::task::spawn_blocking(move || Holder::start(&args))
+    let mut holder = tokio::task::spawn_blocking(move || start_holder(&args))
         .await
         .map_err(|e| fail(format!("the W7 holder starter died: {e}")))??;
     let waiter = spawn_waiter(locker.clone(), key.to_owned());
@@ -301,74 +298,16 @@ impl Commands {
     }
 }
 
-/// `call`, failed after [`CALL_BOUND`].
-async fn bounded<T, E>(call: impl Future<Output = Result<T, E>>) -> BenchResult<T>
-where
-    crate::error::BenchError: From<E>,
-{
-    match tokio::time::timeout(CALL_BOUND, call).await {
-        Ok(answer) => Ok(answer?),
-        Err(_) => Err(fail(format!("Redis did not answer within {CALL_BOUND:?}"))),
+/// Starts this executable as a holder of `IMPL URL KEY TTL_MS` and waits
+/// (up to twice [`CALL_BOUND`]) for its `held`.
+fn start_holder(args: &[String; 4]) -> BenchResult<Killable> {
+    let mut argv = vec![HOLDER_FLAG];
+    argv.extend(args.iter().map(String::as_str));
+    let (holder, line) = Killable::start(&argv, "a W7 holder", CALL_BOUND * 2)?;
+    if line != "held" {
+        return Err(fail(format!("a W7 holder said {line:?} instead of held")));
     }
-}
-
-/// Milliseconds (positive) in nanoseconds.
-fn millis_ns(ms: i64) -> u64 {
-    u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000)
-}
-
-/// A holder process; killed (`SIGKILL`) and reaped when dropped.
-struct Holder {
-    child: Child,
-    /// Kept open: the holder exits when it closes (the bench died).
-    _stdin: std::process::ChildStdin,
-}
-
-impl Holder {
-    /// Starts this executable as a holder of `IMPL URL KEY TTL_MS` and
-    /// waits (up to [`CALL_BOUND`], through its own read timeout) for its
-    /// `held`.
-    fn start(args: &[String; 4]) -> BenchResult<Holder> {
-        let mut argv = vec![HOLDER_FLAG];
-        argv.extend(args.iter().map(String::as_str));
-        let (child, stdin, stdout) = spawn_self(&argv, "a W7 holder")?;
-        let holder = Holder {
-            child,
-            _stdin: stdin,
-        };
-        let line = read_held(stdout)?;
-        if line != "held" {
-            return Err(fail(format!("a W7 holder said {line:?} instead of held")));
-        }
-        Ok(holder)
-    }
-
-    /// `SIGKILL`, and reaps it.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The holder's first line, read on a thread so that a silent holder
-/// fails the round after [`CALL_BOUND`] rather than hanging it.
-fn read_held(stdout: ChildStdout) -> BenchResult<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-        let _ = tx.send(read);
-    });
-    match rx.recv_timeout(CALL_BOUND * 2) {
-        Ok(read) => Ok(read?.trim_end().to_owned()),
-        Err(_) => Err(fail("a W7 holder did not take the lock in time")),
-    }
+    Ok(holder)
 }
 
 /// The holder side: takes the lock as the implementation does, says
