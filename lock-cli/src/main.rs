@@ -38,7 +38,8 @@ enum Command {
     /// The held locks whose names match PATTERN (a Redis glob; all when
     /// omitted).
     List { pattern: Option<String> },
-    /// Who holds KEY; exits with 1 when it is free.
+    /// Who holds KEY (for an election: the leader, and its term as the
+    /// fencing token); exits with 1 when it is free.
     Show { key: String },
     /// Breaks the lock KEY, whoever holds it; asks first unless --force.
     Release {

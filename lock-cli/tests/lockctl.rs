@@ -186,6 +186,55 @@ async fn watch_prints_each_change_of_holder() {
     second.release().await.unwrap();
 }
 
+/// Whether `since` reads as a UTC time, like `2026-12-03T16:19:34.123Z`.
+fn is_utc(since: &str) -> bool {
+    let shape = since.chars().enumerate().all(|(i, c)| match i {
+        4 | 7 => c == '-',
+        10 => c == 'T',
+        13 | 16 => c == ':',
+        19 => c == '.',
+        23 => c == 'Z',
+        _ => c.is_ascii_digit(),
+    });
+    since.len() == 24 && shape
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_names_the_leader_and_labels_its_fencing_token_as_the_term() {
+    let server = RedisServer::start();
+    let a = client(&server, "replica-a").await;
+    let leading = a.campaign("scheduler", TTL).await.unwrap();
+    let term = leading.term();
+
+    let out = lockctl(&server, &["show", "scheduler"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("holder:        replica-a\n"), "{shown}");
+    assert!(
+        shown.contains(&format!("fencing token: {term} (leader term)\n")),
+        "{shown}"
+    );
+    let held_for = shown.lines().find(|l| l.starts_with("held for:")).unwrap();
+    let (_, since) = held_for.split_once("(since ").unwrap();
+    assert!(is_utc(since.trim_end_matches(')')), "{held_for}");
+
+    let out = lockctl(&server, &["--json", "show", "scheduler"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["holder"], "replica-a");
+    assert_eq!(shown["term"], term);
+    assert_eq!(shown["fencing_token"], term);
+    assert!(is_utc(shown["since"].as_str().unwrap()), "{shown}");
+
+    // A lock taken without fencing has no term.
+    let _plain = a.lock("plain", TTL).await.unwrap();
+    let out = lockctl(&server, &["show", "plain"]);
+    assert!(text(&out.stdout).contains("fencing token: none\n"));
+    let out = lockctl(&server, &["--json", "show", "plain"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(shown["term"].is_null(), "{shown}");
+    leading.resign().await.unwrap();
+}
+
 #[test]
 fn bad_url_unreachable_server_and_wrong_password_are_one_line_errors() {
     let run = |url: &str| {
