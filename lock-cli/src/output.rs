@@ -204,6 +204,12 @@ pub(crate) struct Holding {
 }
 
 impl Holding {
+    /// Whether the holders of this holding come and go without a change of
+    /// leader: shared holders and permits.
+    pub(crate) fn is_counted(&self) -> bool {
+        matches!(self.kind, LockKind::Shared | LockKind::Permits(_))
+    }
+
     pub(crate) fn of(state: &LockState) -> Holding {
         Holding {
             kind: state.kind(),
