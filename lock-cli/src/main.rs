@@ -4,6 +4,7 @@
 mod output;
 
 use clap::{Parser, Subcommand};
+use futures::StreamExt;
 use lock_core::{LockClient, LockError, LockState};
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -38,7 +39,8 @@ enum Command {
     /// The held locks whose names match PATTERN (a Redis glob; all when
     /// omitted).
     List { pattern: Option<String> },
-    /// Who holds KEY; exits with 1 when it is free.
+    /// Who holds KEY (for an election: the leader, and its term as the
+    /// fencing token); exits with 1 when it is free.
     Show { key: String },
     /// Breaks the lock KEY, whoever holds it; asks first unless --force.
     Release {
@@ -47,14 +49,24 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Prints each change of KEY's holder until Ctrl-C.
+    /// Prints who holds KEY, then one line per change of holder, until
+    /// Ctrl-C (or --changes).
+    ///
+    /// For an election (LockClient::campaign, `wait = "forever"`) that is
+    /// each change of leader: holder, term (its fencing token) and since
+    /// when (UTC, by this machine's clock). A new leader is seen as it
+    /// takes over: a resignation at once, a crashed leader at its lease's
+    /// expiry.
     Watch {
         key: String,
-        /// How often to look, in milliseconds.
+        /// While KEY is held shared or with permits, how often to look at
+        /// its holders, in milliseconds (they come and go without a change
+        /// of leader).
         #[arg(long, default_value_t = 500)]
         interval_ms: u64,
-        /// Stop after this many changes (for scripts and tests).
-        #[arg(long, hide = true)]
+        /// Stop after printing this many lines, the first one (who holds
+        /// KEY when the watch starts) included; for scripts and tests.
+        #[arg(long, value_name = "N")]
         changes: Option<u64>,
     },
 }
@@ -191,6 +203,11 @@ fn confirm(state: &LockState) -> Result<bool, Failure> {
 
 /// `watch KEY`: one line per change of holder, until Ctrl-C (or
 /// `changes` lines).
+///
+/// Changes of leader come from `watch_leader`, woken by releases and
+/// timed by the leases' expiry. Shared holders and permits come and go
+/// without changing what it reports, so while KEY is held that way it is
+/// also looked at every `interval`.
 async fn watch(
     client: &LockClient,
     key: &str,
@@ -198,16 +215,23 @@ async fn watch(
     changes: Option<u64>,
     json: bool,
 ) -> Result<ExitCode, Failure> {
+    let mut leaders = std::pin::pin!(client.watch_leader(key));
     let mut last: Option<Option<output::Holding>> = None;
     let mut printed = 0;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
-        let state = client.inspect(key).await?;
+        let counted = matches!(&last, Some(Some(holding)) if holding.is_counted());
+        let state = tokio::select! {
+            _ = &mut ctrl_c => return Ok(ExitCode::SUCCESS),
+            // The stream never ends: `None` is not reached.
+            seen = leaders.next() => seen.flatten(),
+            () = tokio::time::sleep(interval), if counted => client.inspect(key).await?,
+        };
         let now = state.as_ref().map(output::Holding::of);
-        let changed = match (&last, &now) {
-            (None, _) => true,
-            (Some(before), now) => !output::Holding::same(before.as_ref(), now.as_ref()),
+        let changed = match &last {
+            None => true,
+            Some(before) => !output::Holding::same(before.as_ref(), now.as_ref()),
         };
         if changed {
             output::change(key, state.as_ref(), json);
@@ -216,10 +240,6 @@ async fn watch(
             if changes.is_some_and(|n| printed >= n) {
                 return Ok(ExitCode::SUCCESS);
             }
-        }
-        tokio::select! {
-            _ = &mut ctrl_c => return Ok(ExitCode::SUCCESS),
-            () = tokio::time::sleep(interval) => {}
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use lock_core::{LockKind, LockState};
 use serde_json::{Value, json};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `list`: one row per lock. When there is none, says where it looked:
 /// a wrong `--prefix` finds nothing.
@@ -64,17 +64,18 @@ pub(crate) fn show(state: &LockState, json: bool) {
     println!("key:           {}", state.key());
     println!("kind:          {}", kind_text(state.kind()));
     println!("holder:        {}", holder_text(state));
+    let since = since(state).map_or_else(String::new, |since| format!(" (since {since})"));
     println!(
-        "held for:      {}",
+        "held for:      {}{since}",
         duration_or(state.held_for(), "unknown")
     );
     println!("remaining:     {}", remaining_text(state));
-    println!(
-        "fencing token: {}",
-        state
-            .fencing_token()
-            .map_or("none".to_owned(), |f| f.to_string())
-    );
+    let fence = match (state.fencing_token(), term(state)) {
+        (_, Some(term)) => format!("{term} (leader term)"),
+        (Some(fence), None) => fence.to_string(),
+        (None, None) => "none".to_owned(),
+    };
+    println!("fencing token: {fence}");
 }
 
 /// `show` of a free key.
@@ -127,15 +128,68 @@ pub(crate) fn change(key: &str, state: Option<&LockState>, json: bool) {
         println!("{line}");
         return;
     }
-    match state {
-        Some(state) => println!(
-            "{key}: held by {} (for {}, {} left)",
-            holder_text(state),
-            duration_or(state.held_for(), "an unknown time"),
-            remaining_text(state)
-        ),
-        None => println!("{key}: free"),
+    let Some(state) = state else {
+        println!("{key}: free");
+        return;
+    };
+    let mut line = format!(
+        "{key}: held by {} (for {}, {} left)",
+        holder_text(state),
+        duration_or(state.held_for(), "an unknown time"),
+        remaining_text(state)
+    );
+    if let Some(term) = term(state) {
+        line.push_str(&format!(", term {term}"));
     }
+    if let Some(since) = since(state) {
+        line.push_str(&format!(", since {since}"));
+    }
+    println!("{line}");
+}
+
+/// The term of the key's leader, when it is an election: the fencing
+/// token of an exclusive holder (a leader is the holder of a fenced lease,
+/// and its term that lease's token).
+fn term(state: &LockState) -> Option<u64> {
+    match state.kind() {
+        LockKind::Exclusive => state.fencing_token(),
+        _ => None,
+    }
+}
+
+/// When the holder took the key, in UTC by this machine's clock: now less
+/// how long the server says it has been held.
+fn since(state: &LockState) -> Option<String> {
+    let held = state.held_for()?;
+    let taken = SystemTime::now().checked_sub(held)?;
+    Some(utc(taken))
+}
+
+/// `2026-12-03T16:19:34.123Z`.
+fn utc(time: SystemTime) -> String {
+    let ms = time
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let (days, ms) = (ms / 86_400_000, ms % 86_400_000);
+    let (year, month, day) = civil_date(days);
+    let (hours, minutes) = (ms / 3_600_000, ms / 60_000 % 60);
+    let (seconds, millis) = (ms / 1000 % 60, ms % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{hours:02}:{minutes:02}:{seconds:02}.{millis:03}Z")
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for days on or after the epoch).
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// What tells one holding from the next, for `watch`.
@@ -150,6 +204,12 @@ pub(crate) struct Holding {
 }
 
 impl Holding {
+    /// Whether the holders of this holding come and go without a change of
+    /// leader: shared holders and permits.
+    pub(crate) fn is_counted(&self) -> bool {
+        matches!(self.kind, LockKind::Shared | LockKind::Permits(_))
+    }
+
     pub(crate) fn of(state: &LockState) -> Holding {
         Holding {
             kind: state.kind(),
@@ -197,6 +257,8 @@ fn state_json(state: &LockState) -> Value {
         "held_for_ms": state.held_for().map(millis),
         "remaining_ms": state.expires().then(|| millis(state.remaining())),
         "fencing_token": state.fencing_token(),
+        "term": term(state),
+        "since": since(state),
     })
 }
 
@@ -249,5 +311,19 @@ fn human(d: Duration) -> String {
         format!("{}m{:02}s", secs / 60, secs % 60)
     } else {
         format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_times_read_as_rfc_3339() {
+        let at = |ms: u64| utc(UNIX_EPOCH + Duration::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
     }
 }

@@ -5,7 +5,7 @@
 use lock_core::{LockClient, LockOptions, LossReason};
 use lock_testkit::RedisServer;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(5);
@@ -144,15 +144,12 @@ async fn list_under_a_wrong_prefix_names_the_prefix_it_searched() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_prints_each_change_of_holder() {
-    let server = RedisServer::start();
-    let a = client(&server, "first").await;
-    let b = client(&server, "second").await;
-    let first = a.lock("w", TTL).await.unwrap();
+/// `lockctl ARGS` started in the background, and a function that returns
+/// its next line of output, failing the test when none comes within 10 s.
+fn watching(server: &RedisServer, args: &[&str]) -> (Child, impl Fn() -> String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(["--url", &server.url(), "--prefix", "app:", "watch", "w"])
-        .args(["--interval-ms", "50", "--changes", "3"])
+        .args(["--url", &server.url(), "--prefix", "app:"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -169,10 +166,23 @@ async fn watch_prints_each_change_of_holder() {
             }
         }
     });
-    let next_line = || {
+    let next_line = move || {
         next.recv_timeout(Duration::from_secs(10))
             .expect("lockctl watch printed no line within 10 s")
     };
+    (child, next_line)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_each_change_of_holder() {
+    let server = RedisServer::start();
+    let a = client(&server, "first").await;
+    let b = client(&server, "second").await;
+    let first = a.lock("w", TTL).await.unwrap();
+    let (mut child, next_line) = watching(
+        &server,
+        &["watch", "w", "--interval-ms", "50", "--changes", "3"],
+    );
     let line = next_line();
     assert!(line.contains("held by first"), "{line}");
     first.release().await.unwrap();
@@ -184,6 +194,134 @@ async fn watch_prints_each_change_of_holder() {
     let status = child.wait().unwrap();
     assert!(status.success());
     second.release().await.unwrap();
+}
+
+/// Whether `since` reads as a UTC time, like `2026-12-03T16:19:34.123Z`.
+fn is_utc(since: &str) -> bool {
+    let shape = since.chars().enumerate().all(|(i, c)| match i {
+        4 | 7 => c == '-',
+        10 => c == 'T',
+        13 | 16 => c == ':',
+        19 => c == '.',
+        23 => c == 'Z',
+        _ => c.is_ascii_digit(),
+    });
+    since.len() == 24 && shape
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_names_the_leader_and_labels_its_fencing_token_as_the_term() {
+    let server = RedisServer::start();
+    let a = client(&server, "replica-a").await;
+    let leading = a.campaign("scheduler", TTL).await.unwrap();
+    let term = leading.term();
+
+    let out = lockctl(&server, &["show", "scheduler"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("holder:        replica-a\n"), "{shown}");
+    assert!(
+        shown.contains(&format!("fencing token: {term} (leader term)\n")),
+        "{shown}"
+    );
+    let held_for = shown.lines().find(|l| l.starts_with("held for:")).unwrap();
+    let (_, since) = held_for.split_once("(since ").unwrap();
+    assert!(is_utc(since.trim_end_matches(')')), "{held_for}");
+
+    let out = lockctl(&server, &["--json", "show", "scheduler"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["holder"], "replica-a");
+    assert_eq!(shown["term"], term);
+    assert_eq!(shown["fencing_token"], term);
+    assert!(is_utc(shown["since"].as_str().unwrap()), "{shown}");
+
+    // A lock taken without fencing has no term.
+    let _plain = a.lock("plain", TTL).await.unwrap();
+    let out = lockctl(&server, &["show", "plain"]);
+    assert!(text(&out.stdout).contains("fencing token: none\n"));
+    let out = lockctl(&server, &["--json", "show", "plain"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(shown["term"].is_null(), "{shown}");
+    leading.resign().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_each_new_leader_with_its_term_until_ctrl_c() {
+    let server = RedisServer::start();
+    let a = client(&server, "replica-a").await;
+    let b = client(&server, "replica-b").await;
+    let first = a.campaign("scheduler", TTL).await.unwrap();
+    let first_term = first.term();
+
+    let (mut child, next_line) = watching(&server, &["watch", "scheduler"]);
+    let line = next_line();
+    assert!(
+        line.starts_with("scheduler: held by replica-a (for "),
+        "{line}"
+    );
+    let (_, since) = line
+        .split_once(&format!(" left), term {first_term}, since "))
+        .unwrap_or_else(|| panic!("no term {first_term}: {line}"));
+    assert!(is_utc(since), "{line}");
+
+    let campaign = tokio::spawn(async move { b.campaign("scheduler", TTL).await });
+    first.resign().await.unwrap();
+    let second = campaign.await.unwrap().unwrap();
+    // The key may be seen free for the moment between the two leaders.
+    let mut line = next_line();
+    if line == "scheduler: free" {
+        line = next_line();
+    }
+    assert!(
+        line.starts_with("scheduler: held by replica-b (for "),
+        "{line}"
+    );
+    let term = format!(", term {}, since ", second.term());
+    assert!(second.term() > first_term && line.contains(&term), "{line}");
+
+    // Ctrl-C ends the watch, as a success.
+    let interrupt = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    assert!(child.wait().unwrap().success());
+
+    // JSON: one object per line, with the term; --changes bounds it.
+    let out = lockctl(&server, &["--json", "watch", "scheduler", "--changes", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["holder"], "replica-b");
+    assert_eq!(seen["term"], second.term());
+    second.resign().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_counts_shared_holders_as_they_come_and_go() {
+    let server = RedisServer::start();
+    let a = client(&server, "reader-a").await;
+    let shared = || LockOptions::new(TTL).shared(true);
+    let one = a.lock_with("catalog", shared()).await.unwrap();
+
+    let (mut child, next_line) = watching(&server, &["watch", "catalog", "--interval-ms", "50"]);
+    assert_eq!(
+        next_line().split_once(" (").unwrap().0,
+        "catalog: held by 1 shared holders"
+    );
+    let two = a.lock_with("catalog", shared()).await.unwrap();
+    assert_eq!(
+        next_line().split_once(" (").unwrap().0,
+        "catalog: held by 2 shared holders"
+    );
+    two.release().await.unwrap();
+    assert_eq!(
+        next_line().split_once(" (").unwrap().0,
+        "catalog: held by 1 shared holders"
+    );
+    one.release().await.unwrap();
+    assert_eq!(next_line(), "catalog: free");
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]

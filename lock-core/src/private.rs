@@ -1,7 +1,7 @@
 //! What `#[distributed_lock]` expands to. **Not a stable API**: only the
 //! code the attribute generates may call it, and it changes without notice.
 
-use crate::client::LockClient;
+use crate::client::{Leadership, LockClient};
 use crate::error::LockError;
 use crate::global::DefaultClient;
 use crate::guard::LockGuard;
@@ -298,18 +298,84 @@ where
     run_held(guard, info, attr.on_lost, into_error, body).await
 }
 
-/// Runs `body` under `guard`, described to it by `info`, and releases on
+/// [`run`] for `wait = "forever"`: campaigns for `key` as
+/// [`LockClient::campaign`] does (waiting without bound; only `Unavailable`
+/// past the client's default wait ends it, or an error that waiting will
+/// not change), with a lease of `attr`'s ttl, then runs `body` once as the
+/// leader. Inside the body [`current_lock`](crate::current_lock)'s fencing
+/// token is the term. However the body ends the leader resigns, waking the
+/// next campaigner at once; with [`OnLost::Abort`] a lost lease drops the
+/// body and returns the `Lost` error, as [`run`] does.
+pub async fn lead<C, T, E, F>(
+    client: Result<C, LockError>,
+    key: String,
+    attr: Attr,
+    into_error: fn(LockError) -> E,
+    body: F,
+) -> Result<T, E>
+where
+    C: ClientSource,
+    F: Future<Output = Result<T, E>>,
+{
+    let client = match client {
+        Ok(ref client) => client.lock_client(),
+        Err(e) => return Err(into_error(e.with_key(key))),
+    };
+    let ttl = attr.ttl.unwrap_or_else(|| client.default_ttl());
+    let leadership = match client.campaign(&key, ttl).await {
+        Ok(leadership) => leadership,
+        Err(e) => return Err(into_error(e)),
+    };
+    let info = LockInfo::new(key, Some(leadership.term()));
+    run_held(leadership, info, attr.on_lost, into_error, body).await
+}
+
+/// What a body runs under, and how it is let go when the body ends.
+trait Held {
+    /// The lease.
+    fn guard(&self) -> &LockGuard;
+
+    /// Lets go. Whatever the release says, the body's outcome stands: a
+    /// failed release leaves the lease to expire by itself.
+    async fn let_go(self);
+}
+
+/// A lock: released without waiting for the reply.
+impl Held for LockGuard {
+    fn guard(&self) -> &LockGuard {
+        self
+    }
+
+    async fn let_go(self) {
+        let _ = self.send_release().await;
+    }
+}
+
+/// A leader: resigns, which wakes the campaigners.
+impl Held for Leadership {
+    fn guard(&self) -> &LockGuard {
+        Leadership::guard(self)
+    }
+
+    async fn let_go(self) {
+        let _ = self.resign().await;
+    }
+}
+
+/// Runs `body` under `held`, described to it by `info`, and lets go on
 /// every exit path.
-async fn run_held<T, E, F>(
-    guard: LockGuard,
+async fn run_held<H, T, E, F>(
+    held: H,
     info: LockInfo,
     on_lost: OnLost,
     into_error: fn(LockError) -> E,
     body: F,
 ) -> Result<T, E>
 where
+    H: Held,
     F: Future<Output = Result<T, E>>,
 {
+    let guard = held.guard();
     let (held_by, lease) = guard.holding();
     let body = AssertUnwindSafe(body).catch_unwind();
     let body = crate::current::scope(info, held_by.clone(), lease.clone(), body);
@@ -326,9 +392,7 @@ where
     let lost = outcome
         .is_none()
         .then(|| LockError::lost(guard.key(), guard.loss_reason()));
-    // Whatever the release says, the body's outcome stands: a failed release
-    // leaves the lease to expire by itself. Its reply is not waited for.
-    let _ = guard.send_release().await;
+    held.let_go().await;
     match (outcome, lost) {
         (Some(Ok(result)), _) => result,
         (Some(Err(panic)), _) => std::panic::resume_unwind(panic),

@@ -46,6 +46,18 @@ const ALIASES: [(&str, &str); 11] = [
     ("max_holders", "permits"),
 ];
 
+/// Words people reach for to run a function on one replica only, the
+/// leader: `wait = "forever"` does it.
+const LEADER_WORDS: [&str; 7] = [
+    "leader",
+    "leader_only",
+    "only_leader",
+    "elect",
+    "election",
+    "campaign",
+    "singleton",
+];
+
 /// The attribute's arguments as written; `None` when not given (or given
 /// wrong: then `errors` says so, and the other arguments are still checked).
 #[derive(Default)]
@@ -132,7 +144,7 @@ impl Args {
             "key" => once(&mut self.key, name, || key(value)),
             "keys" => once(&mut self.keys, name, || keys(value)),
             "ttl" => once(&mut self.ttl, name, || duration("ttl", value)),
-            "wait" => once(&mut self.wait, name, || duration("wait", value)),
+            "wait" => once(&mut self.wait, name, || wait(value)),
             "renew" => once(&mut self.renew, name, || boolean("renew", value)),
             "on_lost" => once(&mut self.on_lost, name, || on_lost(value)),
             "fencing" => once(&mut self.fencing, name, || boolean("fencing", value)),
@@ -169,13 +181,17 @@ fn unknown_argument(name: &Ident) -> syn::Error {
     let text = name.unraw().to_string();
     let names = ARGUMENTS.map(|(argument, _)| argument);
     let valid = names.map(|a| format!("`{a}`")).join(", ");
-    let hint = ALIASES
-        .iter()
-        .find(|(alias, _)| *alias == text)
-        .map(|(_, argument)| *argument)
-        .or_else(|| closest(&text, names))
-        .map(|argument| format!("did you mean `{argument}`? "))
-        .unwrap_or_default();
+    let hint = if LEADER_WORDS.contains(&text.as_str()) {
+        "to run the function only on the elected leader, write `wait = \"forever\"`; ".to_owned()
+    } else {
+        ALIASES
+            .iter()
+            .find(|(alias, _)| *alias == text)
+            .map(|(_, argument)| *argument)
+            .or_else(|| closest(&text, names))
+            .map(|argument| format!("did you mean `{argument}`? "))
+            .unwrap_or_default()
+    };
     syn::Error::new(
         name.span(),
         format!("unknown argument `{text}`: {hint}the arguments are {valid}"),
@@ -319,6 +335,18 @@ fn duration(name: &str, value: Expr) -> syn::Result<LitStr> {
         ),
     };
     Err(syn::Error::new_spanned(value, message))
+}
+
+/// `wait = ".."`: a duration string, or `"forever"` (checked in
+/// `valid.rs`); `wait = forever` without quotes is told to add them.
+fn wait(value: Expr) -> syn::Result<LitStr> {
+    match &value {
+        Expr::Path(path) if path.path.is_ident("forever") => Err(syn::Error::new_spanned(
+            value,
+            "`wait` takes a string: write `wait = \"forever\"`",
+        )),
+        _ => duration("wait", value),
+    }
 }
 
 fn boolean(name: &str, value: Expr) -> syn::Result<LitBool> {

@@ -90,7 +90,10 @@ use syn::spanned::Spanned;
 /// and `run_all(__lock_attr_client, __lock_attr_keys, ..)` takes the place
 /// of `run(__lock_attr_client, __lock_attr_key, ..)`: every template is
 /// rendered, in the order written, and lock-core sorts them and collapses
-/// duplicates. `mode = "shared"` and `permits = 3` are fields of the `Attr`
+/// duplicates. With `wait = "forever"`, `lead(__lock_attr_client,
+/// __lock_attr_key, ..)` takes the place of `run(..)`: it campaigns for the
+/// key and runs the body as its leader; the `Attr` has no `wait` then.
+/// `mode = "shared"` and `permits = 3` are fields of the `Attr`
 /// like the others: `mode: ::lock_core::__private::Mode::Shared`,
 /// `permits: ::core::option::Option::Some(3u32)`.
 ///
@@ -112,6 +115,7 @@ pub(crate) fn expand(func: &LockedFn, lock: &Lock<'_>) -> TokenStream {
 
     let (keys, key, run) = match &lock.keys {
         KeySet::One(key) => (quote! { __lock_attr_key }, render_key(key), quote! { run }),
+        KeySet::Election(key) => (quote! { __lock_attr_key }, render_key(key), quote! { lead }),
         KeySet::All(keys) => {
             let keys = keys.iter().map(render_key);
             (
@@ -314,7 +318,7 @@ fn label(keys: &KeySet) -> String {
         text
     };
     match keys {
-        KeySet::One(key) => template(key),
+        KeySet::One(key) | KeySet::Election(key) => template(key),
         KeySet::All(keys) => keys.iter().map(template).collect::<Vec<_>>().join(","),
     }
 }
@@ -497,6 +501,25 @@ mod tests {
             "{permits}"
         );
         assert!(!permits.contains("mode"), "{permits}");
+    }
+
+    #[test]
+    fn wait_forever_calls_lead_without_a_wait() {
+        let expanded = expand_str(
+            quote!(key = "scheduler:{region}", wait = "forever", ttl = "10s"),
+            quote! { async fn schedule(region: u32) -> Result<u64, E> { Ok(1) } },
+        );
+        assert!(
+            expanded.contains(
+                ":: lock_core :: __private :: lead (__lock_attr_client , __lock_attr_key ,"
+            ),
+            "{expanded}"
+        );
+        assert!(!expanded.contains("wait :"), "{expanded}");
+        assert!(
+            expanded.contains("label : \"scheduler:{region}\""),
+            "{expanded}"
+        );
     }
 
     #[test]

@@ -98,7 +98,7 @@ use proc_macro::TokenStream;
 /// | [`key`](#key) | string template | required, or `keys` |
 /// | [`keys`](#keys) | list of string templates | required, or `key` |
 /// | [`ttl`](#ttl) | duration string | the client's default ttl |
-/// | [`wait`](#wait) | duration string | the client's default wait |
+/// | [`wait`](#wait) | duration string, or [`"forever"`](#wait--forever-leader-election) | the client's default wait |
 /// | [`renew`](#renew) | `true` / `false` | `true` |
 /// | [`on_lost`](#on_lost) | `"abort"` / `"continue"` | `"abort"` |
 /// | [`fencing`](#fencing) | `true` / `false` | `false` |
@@ -217,7 +217,8 @@ use proc_macro::TokenStream;
 ///
 /// How long to wait for a lock held elsewhere before giving up with a
 /// `Contended` error; `"0s"` makes a single attempt, for work that only one
-/// replica should do and the others skip. At most 24h.
+/// replica should do and the others skip. At most 24h; `"forever"` makes
+/// the function a leader election (next section).
 ///
 /// ```
 /// use lock_core::{LockClient, LockError, MemoryStore, distributed_lock};
@@ -241,6 +242,92 @@ use proc_macro::TokenStream;
 /// held.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// # `wait = "forever"`: leader election
+///
+/// Runs the function only on the leader: it **campaigns** for the key,
+/// waiting as long as it takes until no other process holds it, as
+/// [`LockClient::campaign`] does, and runs the body once as the leader.
+/// Another replica calling it meanwhile waits its turn and runs the
+/// body when this one returns, woken by the release at once; a leader that
+/// crashes is followed when its lease (`ttl`) runs out. Only an error that
+/// waiting will not change ends the wait, or Redis staying unreachable for
+/// longer than the client's default wait: `Unavailable`. Drop the future to
+/// stop campaigning.
+///
+/// The leader's **term** is the lease's fencing token, always taken: larger
+/// than every earlier leader's of the key. Read it with
+/// `lock_core::current_lock().unwrap().fencing_token()` and hand it to what
+/// the leader writes, so that a leader that paused past its lease and kept
+/// going is refused once a newer one has written.
+///
+/// The lease is renewed while the body runs, and the body ends the term:
+/// when it returns (or panics, or the future is dropped) the leader
+/// resigns. A lost lease (cut off from Redis past the ttl, broken by an
+/// operator) follows `on_lost`: by default the body is dropped at its next
+/// await and the function returns the `Lost` error, and a service loop
+/// calls the function again to campaign again.
+///
+/// ```
+/// use lock_core::{LockClient, LockError, MemoryStore, distributed_lock};
+/// use std::time::Duration;
+///
+/// /// Runs on one replica at a time; returns its term.
+/// #[distributed_lock(key = "scheduler:{region}", ttl = "10s", wait = "forever")]
+/// async fn schedule(region: &str) -> Result<u64, LockError> {
+///     let term = lock_core::current_lock().unwrap().fencing_token().unwrap();
+///     // Schedule the region's jobs, each write carrying `term`.
+///     Ok(term)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), LockError> {
+/// let store = MemoryStore::new();
+/// let other_replica = LockClient::in_memory_on(&store);
+/// let leading = other_replica.campaign("scheduler:eu", Duration::from_secs(10)).await?;
+/// let this_replica = LockClient::in_memory_on(&store);
+/// let waiting = tokio::spawn(lock_core::with_default_client(this_replica, schedule("eu")));
+///
+/// // The other replica leads; this one waits, however long that takes.
+/// let earlier_term = leading.term();
+/// leading.resign().await?;
+/// let term = waiting.await.expect("no panic")?;
+/// assert!(term > earlier_term, "every new leader has a larger term");
+/// # Ok(()) }
+/// ```
+///
+/// A service that must run on one replica at a time loops over it:
+///
+/// ```no_run
+/// use lock_core::{LockError, distributed_lock};
+/// use std::time::Duration;
+///
+/// #[distributed_lock(key = "outbox-relay", ttl = "15s", wait = "forever")]
+/// async fn relay_outbox() -> Result<(), LockError> {
+///     loop {
+///         // Relay a batch, each write fenced with current_lock()'s token;
+///         // return to step down.
+///         tokio::time::sleep(Duration::from_secs(1)).await;
+///     }
+/// }
+///
+/// /// Leads whenever it can, for as long as the service runs.
+/// async fn serve() -> Result<(), LockError> {
+///     loop {
+///         match relay_outbox().await {
+///             // The lease was lost: campaign again.
+///             Err(e) if e.is_lost() => continue,
+///             other => return other,
+///         }
+///     }
+/// }
+/// # fn main() { let _ = serve; }
+/// ```
+///
+/// `wait = "forever"` takes one `key`, exclusive and fenced: it goes with
+/// none of `keys`, `mode = "shared"`, `permits`, `fencing = false`,
+/// `renew = false`, `min_hold` and `max_hold`. `ttl`, `on_lost`, `client`
+/// and `crate` apply as elsewhere.
 ///
 /// # `renew`
 ///
@@ -538,6 +625,11 @@ use proc_macro::TokenStream;
 ///   mean"); set twice; without a value; a value of the wrong kind
 ///   (`renew = "true"`, `ttl = 30`, `on_lost = continue`,
 ///   `client = "self.locks"`).
+/// - **`wait = "forever"`**: with `keys`, `mode = "shared"`, `permits`,
+///   `fencing = false`, `renew = false`, `min_hold` or `max_hold` (on that
+///   argument); a `wait` that is a word other than `"forever"`
+///   (`"infinite"`); `wait = forever` without quotes. An unknown argument
+///   like `leader` or `election` is told to write `wait = "forever"`.
 /// - **Durations**: malformed (no unit, unknown unit, fraction, units out
 ///   of order); a ttl of zero, under 10ms or over 24h; a wait, `min_hold`
 ///   or `max_hold` over 24h; a `max_hold` shorter than the ttl or than
@@ -549,6 +641,7 @@ use proc_macro::TokenStream;
 ///   method without a body.
 ///
 /// [`lock_core::current_lock()`]: https://docs.rs/lock-core/latest/lock_core/fn.current_lock.html
+/// [`LockClient::campaign`]: https://docs.rs/lock-core/latest/lock_core/struct.LockClient.html#method.campaign
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());

@@ -55,12 +55,29 @@ pub(crate) enum Mode {
     Shared,
 }
 
-/// What to lock: `key = ".."`, or `keys = [..]` taken all at once.
+/// What to lock: `key = ".."`, or `keys = [..]` taken all at once, or an
+/// election campaigned for with `wait = "forever"`.
 pub(crate) enum KeySet {
     One(Key),
     /// In the order written, every template distinct.
     All(Vec<Key>),
+    /// `key = ".."` with `wait = "forever"`: the function runs as the
+    /// key's leader. Only the arguments that make sense for a leader are
+    /// in the [`Lock`] (checked by `check_election`).
+    Election(Key),
 }
+
+/// `wait = ".."`: a duration, or without bound.
+#[derive(Clone, Copy)]
+enum Wait {
+    For(Duration),
+    /// `wait = "forever"`: campaign for the key until this process leads.
+    Forever,
+}
+
+/// What `wait = "forever"` does, for the errors about arguments that
+/// cannot go with it.
+const FOREVER: &str = "`wait = \"forever\"`, which campaigns to lead the key";
 
 /// A key template whose placeholders all resolve.
 pub(crate) struct Key {
@@ -153,6 +170,7 @@ fn check_args<'a>(
     let keys = check_key_set(args, sig, errors);
     let ttl = args.ttl.as_ref().and_then(|lit| check_ttl(lit, errors));
     let wait = args.wait.as_ref().and_then(|lit| check_wait(lit, errors));
+    let forever = matches!(wait, Some(Wait::Forever));
     let min_hold = args
         .min_hold
         .as_ref()
@@ -173,17 +191,28 @@ fn check_args<'a>(
         .permits
         .as_ref()
         .and_then(|lit| check_permits(lit, errors));
-    check_kind(args, mode, errors);
+    if forever {
+        check_election(args, mode, errors);
+    } else {
+        check_kind(args, mode, errors);
+    }
     let krate = check_crate(args.krate.as_ref(), errors);
     if errors.len() > before {
         return None;
     }
     let ret = ret?;
+    let keys = match keys? {
+        KeySet::One(key) if forever => KeySet::Election(key),
+        keys => keys,
+    };
     Some(Lock {
         krate: krate?,
-        keys: keys?,
+        keys,
         ttl,
-        wait,
+        wait: match wait {
+            Some(Wait::For(wait)) => Some(wait),
+            Some(Wait::Forever) | None => None,
+        },
         renew: args.renew.as_ref().map(|b| b.value),
         on_lost,
         fencing: args.fencing.as_ref().map(|b| b.value),
@@ -340,6 +369,69 @@ fn check_kind(args: &Args, mode: Option<Mode>, errors: &mut Errors) {
     errors.push(syn::Error::new(permits.span(), message));
 }
 
+/// `wait = "forever"` against the arguments that a leader cannot have:
+/// an election is one key held by one leader, whose term is its fencing
+/// token, leading until the body returns. One error on each, on its name.
+fn check_election(args: &Args, mode: Option<Mode>, errors: &mut Errors) {
+    let shared = mode == Some(Mode::Shared);
+    let off = |flag: &Option<syn::LitBool>| flag.as_ref().is_some_and(|b| !b.value);
+    // The argument, as the message names it, whether it conflicts as
+    // written, and why.
+    let conflicts = [
+        (
+            "keys",
+            "`keys`",
+            true,
+            "an election is one key; use `key`, or give `wait` a duration",
+        ),
+        (
+            "mode",
+            "`mode = \"shared\"`",
+            shared,
+            "a leader holds the key alone; remove `mode`, or give `wait` a duration",
+        ),
+        (
+            "permits",
+            "`permits`",
+            true,
+            "a leader holds the key alone; remove `permits`, or give `wait` a duration",
+        ),
+        (
+            "fencing",
+            "`fencing = false`",
+            off(&args.fencing),
+            "the leader's term is its fencing token, always taken; remove `fencing = false`",
+        ),
+        (
+            "renew",
+            "`renew = false`",
+            off(&args.renew),
+            "the leader's lease is renewed while the body runs; remove `renew = false`, and return from the body to step down",
+        ),
+        (
+            "min_hold",
+            "`min_hold`",
+            true,
+            "the leader resigns when the body returns, so that the next one leads at once; remove `min_hold`",
+        ),
+        (
+            "max_hold",
+            "`max_hold`",
+            true,
+            "the leader leads until the body returns or its lease is lost; remove `max_hold`, and return from the body to end the term (with `tokio::time::timeout`, say)",
+        ),
+    ];
+    for (argument, written, conflicts, why) in conflicts {
+        let name = args.names.iter().find(|name| *name == argument);
+        if let (Some(name), true) = (name, conflicts) {
+            errors.push(syn::Error::new(
+                name.span(),
+                format!("{written} cannot go with {FOREVER}: {why}"),
+            ));
+        }
+    }
+}
+
 /// `ttl = ".."`: a duration, not zero, within lock-core's range.
 fn check_ttl(lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
     let ttl = check_duration("ttl", lit, errors)?;
@@ -366,8 +458,24 @@ fn check_ttl(lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
     None
 }
 
-/// `wait = ".."`: a duration within lock-core's range; zero is one attempt.
-fn check_wait(lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
+/// `wait = ".."`: a duration within lock-core's range (zero is one
+/// attempt), or `"forever"`.
+fn check_wait(lit: &LitStr, errors: &mut Errors) -> Option<Wait> {
+    let text = lit.value();
+    if text == "forever" {
+        return Some(Wait::Forever);
+    }
+    if !text.is_empty() && text.chars().all(char::is_alphabetic) {
+        // A word, not a duration: "infinite", "Forever", "never".
+        errors.push(syn::Error::new(
+            lit.span(),
+            format!(
+                "`wait = {}` is neither a duration nor \"forever\": write \"forever\" to wait as long as it takes, as a leader election does, or a duration like \"30s\"",
+                lit.to_token_stream()
+            ),
+        ));
+        return None;
+    }
     let wait = check_duration("wait", lit, errors)?;
     if wait > MAX_DURATION {
         errors.push(syn::Error::new(
@@ -381,7 +489,7 @@ fn check_wait(lit: &LitStr, errors: &mut Errors) -> Option<Duration> {
         ));
         return None;
     }
-    Some(wait)
+    Some(Wait::For(wait))
 }
 
 /// `min_hold = ".."` or `max_hold = ".."`: a duration, not zero, within
