@@ -181,6 +181,23 @@ impl Workers {
         }
     }
 
+    /// Kills worker `id` with `SIGKILL` while its stdin is still open, then
+    /// reaps it as [`kill`](Self::kill) does: a crash, which the worker
+    /// cannot see coming. ([`kill`](Self::kill) closes stdin before it
+    /// kills, and a worker that stops when its stdin closes may get some
+    /// way into stopping, a release sent, before the signal lands.)
+    ///
+    /// # Errors
+    ///
+    /// Fails when it is not running or the signal cannot be sent.
+    pub fn crash(&mut self, id: u32) -> Result<(), TestkitError> {
+        let worker = self.find(id)?;
+        let pid = worker.pid()?;
+        signal::send(Signal::Kill, pid)?;
+        worker.kill();
+        Ok(())
+    }
+
     /// Stops every worker: resumes the paused ones, closes every stdin
     /// (the signal to finish the lease at hand and exit), waits up to
     /// `bound` for them to exit, kills those still running, and waits for
