@@ -600,7 +600,6 @@ async fn on_redlock_with_a_server_frozen_leaders_are_followed() {
 }
 
 #[tokio::test]
-#[ignore = "lock-core bug: watch_leader panics on a key without expiry"]
 async fn a_watcher_survives_a_lock_without_expiry() {
     let servers = [RedisServer::start()];
     let watcher = client(&servers, replica("watcher")).await;
