@@ -25,7 +25,8 @@ use tokio::time::Instant;
 const PREFIX: &str = "leader:";
 /// The election.
 const KEY: &str = "scheduler";
-/// A lease nobody outlives in these tests unless it crashes.
+/// A lease longer than any wait of these tests: only a release ends it
+/// sooner.
 const LONG: Duration = Duration::from_secs(10);
 /// A resigning leader is followed within milliseconds: the campaigners
 /// hear the release. This bound is far under what else could bring them
@@ -51,14 +52,15 @@ fn replica(name: &str) -> LockClientBuilder {
         .node_timeout(Duration::from_millis(100))
 }
 
+/// A client of `servers` (one, or Redlock's), built as `builder` says.
+async fn client(servers: &[RedisServer], builder: LockClientBuilder) -> LockClient {
+    client_with(servers, builder).await
+}
+
 /// A replica that only a release message, or the leader's expiry, can
 /// bring back before 5 s: its backoff is 5 s.
 fn patient(name: &str) -> LockClientBuilder {
     replica(name).backoff(slow_backoff())
-}
-
-async fn client(servers: &[RedisServer], builder: LockClientBuilder) -> LockClient {
-    client_with(servers, builder).await
 }
 
 /// A replica whose every connection goes through a proxy: cutting them
