@@ -580,6 +580,7 @@ async fn a_campaign_ends_unavailable_once_redis_stays_away_past_the_default_wait
             .await
             .unwrap_err();
         let took = started.elapsed();
+        eprintln!("{how} server: the campaign ended after {took:?}: {err}");
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{how}: {err}");
         // The wait, and the last attempt's timeout; a second for the load.
         assert!(
