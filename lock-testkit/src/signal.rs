@@ -17,6 +17,8 @@ pub(crate) enum Signal {
     Stop,
     /// `SIGCONT`: let a frozen process run again.
     Cont,
+    /// `SIGKILL`: end the process at once.
+    Kill,
 }
 
 impl Signal {
@@ -24,6 +26,7 @@ impl Signal {
         match self {
             Self::Stop => "STOP",
             Self::Cont => "CONT",
+            Self::Kill => "KILL",
         }
     }
 }

@@ -310,12 +310,16 @@ impl Watch {
                         return state;
                     }
                     match &state {
-                        Some(held) => {
+                        Some(held) if held.expires() => {
                             idle = FIRST_LOOK;
                             self.idle_cap = self.idle_cap.max(held.remaining());
                             // Just past its expiry: renewed by then, or gone.
                             held.remaining() + Duration::from_millis(1)
                         }
+                        // Another program's key without expiry (remaining
+                        // is Duration::MAX): its release publishes
+                        // nothing, so look again as at a vacancy.
+                        Some(_) => self.idle_cap,
                         None => {
                             let pause = idle;
                             idle = (idle * 2).min(self.idle_cap);

@@ -1,7 +1,7 @@
 //! Worker processes: started from a command the test builds, their stdout
 //! read line by line into a [`History`], and faults applied to them.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -154,12 +154,48 @@ impl Workers {
         Ok(())
     }
 
+    /// Writes `line` and a newline to worker `id`'s stdin: a command, in
+    /// whatever words its program reads there.
+    ///
+    /// # Errors
+    ///
+    /// Fails when it is not running or its stdin cannot be written (it
+    /// exited).
+    pub fn tell(&mut self, id: u32, line: &str) -> Result<(), TestkitError> {
+        let worker = self.find(id)?;
+        let stdin = worker
+            .stdin
+            .as_mut()
+            .ok_or_else(|| TestkitError::new(format!("worker {id} is not running")))?;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .map_err(|e| TestkitError::with_source(format!("could not tell worker {id}"), e))
+    }
+
     /// Kills worker `id` (`SIGKILL`) and reaps it; what it had written
     /// stays in the history. Does nothing if it is gone already.
     pub fn kill(&mut self, id: u32) {
         if let Ok(worker) = self.find(id) {
             worker.kill();
         }
+    }
+
+    /// Kills worker `id` with `SIGKILL` while its stdin is still open, then
+    /// reaps it as [`kill`](Self::kill) does: a crash, which the worker
+    /// cannot see coming. ([`kill`](Self::kill) closes stdin before it
+    /// kills, and a worker that stops when its stdin closes may get some
+    /// way into stopping, a release sent, before the signal lands.)
+    ///
+    /// # Errors
+    ///
+    /// Fails when it is not running or the signal cannot be sent.
+    pub fn crash(&mut self, id: u32) -> Result<(), TestkitError> {
+        let worker = self.find(id)?;
+        let pid = worker.pid()?;
+        signal::send(Signal::Kill, pid)?;
+        worker.kill();
+        Ok(())
     }
 
     /// Stops every worker: resumes the paused ones, closes every stdin
