@@ -582,9 +582,10 @@ async fn a_campaign_ends_unavailable_once_redis_stays_away_past_the_default_wait
         let took = started.elapsed();
         eprintln!("{how} server: the campaign ended after {took:?}: {err}");
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{how}: {err}");
-        // The wait, and the last attempt's timeout; a second for the load.
+        // The wait and at most a round more (a quarter of it), with the last
+        // attempt's timeout; a second for the load.
         assert!(
-            took >= wait && took < wait + Duration::from_secs(1),
+            took >= wait && took < wait * 5 / 4 + Duration::from_secs(1),
             "{how}: the campaign ended after {took:?}, with a default wait of {wait:?}"
         );
     }
@@ -621,7 +622,6 @@ async fn a_watcher_survives_a_lock_without_expiry() {
 }
 
 #[tokio::test]
-#[ignore = "lock-core bug: campaign gives up on a Redis blip at the end of a round"]
 async fn a_campaign_outlasts_a_blip_shorter_than_the_default_wait() {
     let servers = [RedisServer::start()];
     let wait = Duration::from_secs(2);
@@ -634,8 +634,8 @@ async fn a_campaign_outlasts_a_blip_shorter_than_the_default_wait() {
     let replica_a = client(&servers, settings("a")).await;
     let replica_b = client(&servers, settings("b")).await;
     let a_leads = replica_a.campaign(KEY, LONG).await.unwrap();
-    // A campaign's rounds last max(default wait, ttl): the first ends 2 s
-    // from now, and Redis is away from 1.6 s to 2.4 s, 0.8 s in all.
+    // Redis is away from 1.6 s to 2.4 s, 0.8 s in all, across the end of a
+    // campaign's round (a quarter of the default wait: 0.5 s).
     let started = Instant::now();
     let follower = spawn_waiting(async move { replica_b.campaign(KEY, ttl).await }).await;
     tokio::time::sleep_until(started + wait * 4 / 5).await;
@@ -643,15 +643,12 @@ async fn a_campaign_outlasts_a_blip_shorter_than_the_default_wait() {
     tokio::time::sleep_until(started + wait * 6 / 5).await;
     drop(frozen);
     a_leads.resign().await.unwrap();
-    // campaign (lock-core/src/client/leader.rs) counts Redis as away from
-    // the start of the round that failed, not from the first failure:
-    // here it returns Unavailable at the end of the first round, 0.4 s
-    // into the blip, although its doc says it ends a campaign only once
-    // Redis has been unreachable for longer than the default wait.
+    // A campaign ends Unavailable only once Redis has stayed away for its
+    // default wait; this blip is shorter, whenever it falls in a round.
     let elected = follower.await.unwrap();
     assert!(
         elected.is_ok(),
-        "the campaign ended {:?} after it began, 0.4 s into a 0.8 s blip: {elected:?}",
+        "the campaign ended {:?} after it began, during a 0.8 s blip: {elected:?}",
         started.elapsed()
     );
 }

@@ -26,6 +26,13 @@ use tokio::time::Instant;
 /// refusing connections), before it asks again.
 const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(100);
 
+/// A campaign's rounds per default wait: an outage ends a campaign after at
+/// least the client's default wait and at most a quarter more.
+const ROUNDS_PER_WAIT: u32 = 4;
+
+/// The shortest round of a campaign (a client whose default wait is 0).
+const MIN_ROUND: Duration = Duration::from_millis(100);
+
 /// The first pause of a watcher that finds nobody leading: short, since a
 /// campaigner usually takes over within milliseconds of a release.
 const FIRST_LOOK: Duration = Duration::from_millis(5);
@@ -111,8 +118,9 @@ impl LockClient {
     /// A resigning leader is followed within milliseconds (its release
     /// wakes the campaigners); a crashed one at its lease's expiry. An error
     /// ends the campaign at once, except [`ErrorKind::Unavailable`], which
-    /// ends it only once Redis has stayed unreachable for longer than the
-    /// client's [`default_wait`](Self::default_wait).
+    /// ends it only once Redis has stayed unreachable for the client's
+    /// [`default_wait`](Self::default_wait) (and at most a quarter more): a
+    /// shorter outage is waited out.
     ///
     /// ```
     /// use lock_core::{LockClient, MemoryStore};
@@ -132,12 +140,15 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn campaign(&self, key: &str, ttl: Duration) -> Result<Leadership, LockError> {
-        // Each round waits as long as a lock call may; the pub/sub wake-up
-        // and the expiry-timed retry make the round's length irrelevant to
-        // how fast a leader is followed.
-        let round = LockOptions::new(ttl)
-            .fencing(true)
-            .wait(self.default_wait().max(ttl));
+        // A campaign is rounds of lock calls. The pub/sub wake-up and the
+        // expiry-timed retry make a round's length irrelevant to how fast a
+        // leader is followed; it bounds how late an outage is noticed: a
+        // round that fails may have found Redis away from its start, so an
+        // outage is counted from the start of the first failed round, and
+        // the campaign ends once that is a default wait and a round ago.
+        let round_wait = (self.default_wait() / ROUNDS_PER_WAIT).max(MIN_ROUND);
+        let give_up_after = self.default_wait() + round_wait;
+        let round = LockOptions::new(ttl).fencing(true).wait(round_wait);
         let mut unreachable_since: Option<Instant> = None;
         loop {
             let started = Instant::now();
@@ -157,7 +168,7 @@ impl LockClient {
                 Err(e) if e.kind() == ErrorKind::Contended => unreachable_since = None,
                 Err(e) if e.kind() == ErrorKind::Unavailable => {
                     let since = *unreachable_since.get_or_insert(started);
-                    if since.elapsed() >= self.default_wait() {
+                    if since.elapsed() >= give_up_after {
                         return Err(e);
                     }
                     tokio::time::sleep(UNAVAILABLE_PAUSE).await;
