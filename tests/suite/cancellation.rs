@@ -17,17 +17,14 @@
 //! the client must be answered promptly, and another task of the client
 //! must get the key within its wait: a future nobody polls holds nothing
 //! up.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, client_with, storage_key};
 use lock_core::{HandoffBudget, LockClient, LockError, LockOptions, distributed_lock};
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
-use support::{Backend, client_with, storage_key};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

@@ -2,17 +2,14 @@
 //! never polled again, a worker thread blocked by a synchronous call) can
 //! cost a held lock, jam a key, or slow other calls down; and a re-entered
 //! key reports its own fencing token and kind.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{client_for, client_with, storage_key};
 use lock_core::{ErrorKind, HandoffBudget, LockClient, LockError, LockOptions, distributed_lock};
 use lock_testkit::RedisServer;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
-use support::{client_for, client_with, storage_key};
 use tokio::time::Instant;
 
 const PREFIX: &str = "iso:";
