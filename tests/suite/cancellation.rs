@@ -460,17 +460,24 @@ async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redlock() {
     every_case(&Fixture::on(Backend::redlock()).await, "redlock").await;
 }
 
-#[tokio::test]
-async fn operations_kept_unpolled_hold_nothing_up_in_memory() {
-    every_case(&Fixture::kept(Backend::memory()).await, "in-memory, kept").await;
-}
+/// The kept variant: every case, at every number of polls, kept unpolled
+/// for [`KEPT_FOR`] before it is dropped, which adds up to about a minute a
+/// backend. A long run: `scripts/test --quick` leaves it out.
+mod long {
+    use super::*;
 
-#[tokio::test]
-async fn operations_kept_unpolled_hold_nothing_up_on_redis() {
-    every_case(&Fixture::kept(Backend::server()).await, "redis, kept").await;
-}
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_in_memory() {
+        every_case(&Fixture::kept(Backend::memory()).await, "in-memory, kept").await;
+    }
 
-#[tokio::test]
-async fn operations_kept_unpolled_hold_nothing_up_on_redlock() {
-    every_case(&Fixture::kept(Backend::redlock()).await, "redlock, kept").await;
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_on_redis() {
+        every_case(&Fixture::kept(Backend::server()).await, "redis, kept").await;
+    }
+
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_on_redlock() {
+        every_case(&Fixture::kept(Backend::redlock()).await, "redlock, kept").await;
+    }
 }

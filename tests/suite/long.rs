@@ -1,5 +1,5 @@
 //! The long runs: many workers, many rounds, faults injected on a
-//! schedule.
+//! schedule. `scripts/test --quick` leaves them out.
 
 mod queue_stress;
 mod soak;

@@ -8,7 +8,10 @@
 //! callsites), `overload.rs` (a global subscriber), `ui.rs` (trybuild), and
 //! `jepsen.rs`, whose worker processes and nemesis run alone.
 //!
-//! The soaks and the stress test sit in `long`.
+//! Long runs (soaks, stress, the kept variant of the cancellation harness)
+//! sit in modules named `long`, so that a test's name says so:
+//! `scripts/test --quick` leaves them out with `--skip long::`, and
+//! `scripts/test` runs them after the rest.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../support/mod.rs"]
