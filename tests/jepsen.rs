@@ -226,45 +226,50 @@ fn selected() -> Vec<Scenario> {
         .collect()
 }
 
-#[test]
-fn faults_against_a_fenced_register() {
-    let scenarios = selected();
-    let per_run = env_seconds("JEPSEN_SECONDS")
-        .unwrap_or(DEFAULT_TOTAL / u32::try_from(scenarios.len()).unwrap());
-    // Room for one fault (2.5 ttls) and its quiet time after the first
-    // increment.
-    assert!(
-        per_run >= MIN_RUN,
-        "runs of {per_run:?} are too short for a fault: at least {MIN_RUN:?} each"
-    );
-    let seed = std::env::var("JEPSEN_SEED")
-        .ok()
-        .map_or_else(now_us, |s| s.parse().expect("JEPSEN_SEED"));
-    say(&format!(
-        "\njepsen: {} runs of {per_run:.1?}, {WORKERS} workers, seed {seed} (JEPSEN_SEED)\n",
-        scenarios.len()
-    ));
-    say(&table::header());
-    let started = Instant::now();
-    let mut failures = Vec::new();
-    let mut notes = Vec::new();
-    for (i, scenario) in scenarios.iter().enumerate() {
-        let outcome = Run::start(*scenario, seed.wrapping_add(i as u64)).go(per_run);
-        say(&outcome.row);
-        notes.extend(outcome.notes);
-        failures.extend(outcome.failures);
+/// A long run: a minute of faults by default. `scripts/test --quick` leaves it out.
+mod long {
+    use super::*;
+
+    #[test]
+    fn faults_against_a_fenced_register() {
+        let scenarios = selected();
+        let per_run = env_seconds("JEPSEN_SECONDS")
+            .unwrap_or(DEFAULT_TOTAL / u32::try_from(scenarios.len()).unwrap());
+        // Room for one fault (2.5 ttls) and its quiet time after the first
+        // increment.
+        assert!(
+            per_run >= MIN_RUN,
+            "runs of {per_run:?} are too short for a fault: at least {MIN_RUN:?} each"
+        );
+        let seed = std::env::var("JEPSEN_SEED")
+            .ok()
+            .map_or_else(now_us, |s| s.parse().expect("JEPSEN_SEED"));
+        say(&format!(
+            "\njepsen: {} runs of {per_run:.1?}, {WORKERS} workers, seed {seed} (JEPSEN_SEED)\n",
+            scenarios.len()
+        ));
+        say(&table::header());
+        let started = Instant::now();
+        let mut failures = Vec::new();
+        let mut notes = Vec::new();
+        for (i, scenario) in scenarios.iter().enumerate() {
+            let outcome = Run::start(*scenario, seed.wrapping_add(i as u64)).go(per_run);
+            say(&outcome.row);
+            notes.extend(outcome.notes);
+            failures.extend(outcome.failures);
+        }
+        say("");
+        for note in &notes {
+            say(&format!("- {note}"));
+        }
+        say(&format!("\njepsen: done in {:.1?}\n", started.elapsed()));
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
-    say("");
-    for note in &notes {
-        say(&format!("- {note}"));
-    }
-    say(&format!("\njepsen: done in {:.1?}\n", started.elapsed()));
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 /// What one run printed and found.

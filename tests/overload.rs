@@ -57,84 +57,92 @@ return 1"#;
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_capacity_the_heartbeat_keeps_what_it_can_and_says_so() {
-    let warnings = Warnings::default();
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(warnings.clone()))
+/// A long run: thousands of locks against a server kept busy. `scripts/test --quick`
+/// leaves it out.
+mod long {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn past_capacity_the_heartbeat_keeps_what_it_can_and_says_so() {
+        let warnings = Warnings::default();
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(warnings.clone()),
+        )
         .unwrap();
-    let server = RedisServer::start();
-    let client: LockClient = client_with(
-        &server,
-        LockClient::builder()
-            .key_prefix(PREFIX)
-            .operation_timeout(Duration::from_millis(400)),
-    )
-    .await;
-    let ttl = Duration::from_millis(1500);
-    let count = 16000;
-    let guards: Vec<LockGuard> = futures::stream::iter(0..count)
-        .map(|i| {
-            let client = client.clone();
-            async move {
-                client
-                    .lock_with(&format!("k{i}"), LockOptions::new(ttl))
-                    .await
-                    .unwrap()
-            }
-        })
-        // In order: guard `i` holds `k{i}`.
-        .buffered(256)
-        .collect()
+        let server = RedisServer::start();
+        let client: LockClient = client_with(
+            &server,
+            LockClient::builder()
+                .key_prefix(PREFIX)
+                .operation_timeout(Duration::from_millis(400)),
+        )
         .await;
+        let ttl = Duration::from_millis(1500);
+        let count = 16000;
+        let guards: Vec<LockGuard> = futures::stream::iter(0..count)
+            .map(|i| {
+                let client = client.clone();
+                async move {
+                    client
+                        .lock_with(&format!("k{i}"), LockOptions::new(ttl))
+                        .await
+                        .unwrap()
+                }
+            })
+            // In order: guard `i` holds `k{i}`.
+            .buffered(256)
+            .collect()
+            .await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let slowing = slow_down(server.port(), stop.clone());
-    for _ in 0..24 {
-        tokio::time::sleep(ttl / 6).await;
-    }
-
-    // Safety first: every guard that still claims its lock finds its key in
-    // Redis. Read the keys before asking the guards: a lease only ever goes
-    // from held to lost, and its deadline comes before Redis's expiry.
-    let keys: Vec<String> = (0..count)
-        .map(|i| storage_key(PREFIX, &format!("k{i}")))
-        .collect();
-    let present: Vec<bool> = {
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let mut present = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(500) {
-            let mut exists = redis::pipe();
-            for key in chunk {
-                exists.exists(key);
-            }
-            let answers: Vec<bool> = exists.query_async(&mut conn).await.unwrap();
-            present.extend(answers);
+        let stop = Arc::new(AtomicBool::new(false));
+        let slowing = slow_down(server.port(), stop.clone());
+        for _ in 0..24 {
+            tokio::time::sleep(ttl / 6).await;
         }
-        present
-    };
-    stop.store(true, Ordering::Relaxed);
-    let held: Vec<bool> = guards.iter().map(|g| !g.is_lost()).collect();
-    for (i, (&held, &present)) in held.iter().zip(&present).enumerate() {
+
+        // Safety first: every guard that still claims its lock finds its key in
+        // Redis. Read the keys before asking the guards: a lease only ever goes
+        // from held to lost, and its deadline comes before Redis's expiry.
+        let keys: Vec<String> = (0..count)
+            .map(|i| storage_key(PREFIX, &format!("k{i}")))
+            .collect();
+        let present: Vec<bool> = {
+            let client = redis::Client::open(server.url()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let mut present = Vec::with_capacity(keys.len());
+            for chunk in keys.chunks(500) {
+                let mut exists = redis::pipe();
+                for key in chunk {
+                    exists.exists(key);
+                }
+                let answers: Vec<bool> = exists.query_async(&mut conn).await.unwrap();
+                present.extend(answers);
+            }
+            present
+        };
+        stop.store(true, Ordering::Relaxed);
+        let held: Vec<bool> = guards.iter().map(|g| !g.is_lost()).collect();
+        for (i, (&held, &present)) in held.iter().zip(&present).enumerate() {
+            assert!(
+                !held || present,
+                "guard k{i} claims a lock whose key Redis no longer has"
+            );
+        }
+        let kept = held.iter().filter(|&&h| h).count();
         assert!(
-            !held || present,
-            "guard k{i} claims a lock whose key Redis no longer has"
+            kept > 0,
+            "every one of {count} locks was lost: a cliff, not a degradation"
         );
+        assert!(
+            kept < count,
+            "the slowed server renewed all {count} locks: the test did not overload it"
+        );
+        assert!(
+            warnings.0.load(Ordering::Relaxed) > 0,
+            "the heartbeat lost {} locks without reporting overload",
+            count - kept
+        );
+        slowing.join().unwrap();
+        drop(guards);
     }
-    let kept = held.iter().filter(|&&h| h).count();
-    assert!(
-        kept > 0,
-        "every one of {count} locks was lost: a cliff, not a degradation"
-    );
-    assert!(
-        kept < count,
-        "the slowed server renewed all {count} locks: the test did not overload it"
-    );
-    assert!(
-        warnings.0.load(Ordering::Relaxed) > 0,
-        "the heartbeat lost {} locks without reporting overload",
-        count - kept
-    );
-    slowing.join().unwrap();
-    drop(guards);
 }

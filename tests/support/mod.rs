@@ -2,9 +2,9 @@
 //! whose failure to connect shows the servers' logs, where a lock's key is
 //! stored, and bounded polling.
 //!
-//! A test file that needs it says `mod support;`. Each test file is a
-//! binary of its own and none uses every item, hence `dead_code` allowed
-//! for the whole module.
+//! The suite (`tests/suite/main.rs`) and each test binary of its own that
+//! needs it say `mod support;`. None of them uses every item, hence
+//! `dead_code` allowed for the whole module.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{Backoff, LockClient, LockClientBuilder, MemoryStore};

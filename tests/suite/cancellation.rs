@@ -17,17 +17,14 @@
 //! the client must be answered promptly, and another task of the client
 //! must get the key within its wait: a future nobody polls holds nothing
 //! up.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, client_with, storage_key};
 use lock_core::{HandoffBudget, LockClient, LockError, LockOptions, distributed_lock};
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
-use support::{Backend, client_with, storage_key};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -463,17 +460,24 @@ async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redlock() {
     every_case(&Fixture::on(Backend::redlock()).await, "redlock").await;
 }
 
-#[tokio::test]
-async fn operations_kept_unpolled_hold_nothing_up_in_memory() {
-    every_case(&Fixture::kept(Backend::memory()).await, "in-memory, kept").await;
-}
+/// The kept variant: every case, at every number of polls, kept unpolled
+/// for [`KEPT_FOR`] before it is dropped, which adds up to about a minute a
+/// backend. A long run: `scripts/test --quick` leaves it out.
+mod long {
+    use super::*;
 
-#[tokio::test]
-async fn operations_kept_unpolled_hold_nothing_up_on_redis() {
-    every_case(&Fixture::kept(Backend::server()).await, "redis, kept").await;
-}
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_in_memory() {
+        every_case(&Fixture::kept(Backend::memory()).await, "in-memory, kept").await;
+    }
 
-#[tokio::test]
-async fn operations_kept_unpolled_hold_nothing_up_on_redlock() {
-    every_case(&Fixture::kept(Backend::redlock()).await, "redlock, kept").await;
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_on_redis() {
+        every_case(&Fixture::kept(Backend::server()).await, "redis, kept").await;
+    }
+
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_on_redlock() {
+        every_case(&Fixture::kept(Backend::redlock()).await, "redlock, kept").await;
+    }
 }

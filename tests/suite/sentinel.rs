@@ -1,13 +1,10 @@
 //! Redis Sentinel and `min_replicas`, against real `redis-server` processes:
 //! a primary, a replica and three Sentinels started by the test kit.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::storage_key;
 use lock_core::{ErrorKind, LockClient, LockOptions};
 use lock_testkit::{RedisServer, SentinelServer};
 use std::time::Duration;
-use support::storage_key;
 use tokio::time::Instant;
 
 const PREFIX: &str = "sentinel:lock:";

@@ -1,15 +1,12 @@
 //! What operators see in their dashboards: the `metrics` feature.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{client_with, eventually};
 use lock_core::{LockClient, LockClientBuilder, LockError, LockOptions, distributed_lock};
 use lock_testkit::RedisServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
-use support::{client_with, eventually};
 use tokio::sync::oneshot;
 
 /// The clients of this file.

@@ -1,7 +1,6 @@
 //! Exclusion soak: many workers, many short critical sections on a shared
 //! non-atomic counter, on one server and on a 5-server Redlock, clean and
 //! under faults on a minority of servers.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{LockClient, LockOptions};
 use lock_testkit::{Proxy, RedisServer, start_servers};

@@ -1,14 +1,11 @@
 //! Reconnecting after a lost connection over a slow link: connecting (with
 //! a login) must not be cut short by each call's own, shorter bound.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{build, eventually_async};
 use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::{Proxy, ProxyMode, RedisServer};
 use std::cell::Cell;
 use std::time::Duration;
-use support::{build, eventually_async};
 use tokio::time::Instant;
 
 const PREFIX: &str = "reconnect:";

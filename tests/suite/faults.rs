@@ -1,14 +1,11 @@
 //! Lock loss and bounded waits under injected faults: paused servers,
 //! black-holed and cut connections, restarts, leaks, bad input.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{build, client_with, eventually, storage_key};
 use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::{Proxy, ProxyMode, RedisServer};
 use std::io::Write;
 use std::time::Duration;
-use support::{build, client_with, eventually, storage_key};
 use tokio::time::Instant;
 
 const PREFIX: &str = "fault:";

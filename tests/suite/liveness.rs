@@ -1,17 +1,14 @@
 //! Liveness: no key jams in the in-process queue, every call stays within
 //! its bound with a server frozen, and nothing an acquisition or a release
 //! took is left behind when its future is dropped.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{build, client_for, client_with, eventually, storage_key, subscribers};
 use lock_core::{ErrorKind, HandoffBudget, LockClient, LockOptions, MemoryStore};
 use lock_testkit::{Proxy, ProxyMode, RedisServer, start_servers};
 use std::future::Future;
 use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
-use support::{build, client_for, client_with, eventually, storage_key, subscribers};
 use tokio::time::Instant;
 
 const PREFIX: &str = "live:";

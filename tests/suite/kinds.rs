@@ -4,15 +4,12 @@
 //! Each case gets two clients on one backend (`a` and `b`), like two
 //! processes of a service. Redlock offers `lock_all` but refuses shared
 //! locks and permits, and that refusal is a case of its own.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, client_with, slow_backoff, spawn_waiting, storage_key};
 use lock_core::{ErrorKind, LockClient, LockGuard, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use support::{Backend, client_with, slow_backoff, spawn_waiting, storage_key};
 use tokio::time::Instant;
 
 const PREFIX: &str = "kinds:";

@@ -1,5 +1,5 @@
 //! Exclusion soak of the lock kinds beyond one exclusive key, as
-//! tests/soak.rs does for the plain lock: 16 workers over 4 clients (four
+//! `soak.rs` does for the plain lock: 16 workers over 4 clients (four
 //! processes' view of one Redis server), many short critical sections, clean
 //! and under faults.
 //!
@@ -23,7 +23,6 @@
 //!
 //! Each run is a fixed number of rounds, bounded in time. Their figures
 //! (sections, locks lost inside, overlaps, faults) show with `--nocapture`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{LockClient, LockError, LockGuard, LockOptions};
 use lock_testkit::{Proxy, ProxyMode, RedisServer, start_servers};
@@ -677,7 +676,7 @@ async fn several_keys_under_faults() {
 }
 
 /// Redlock on 5 servers, each behind a proxy, while a minority fails as in
-/// tests/soak.rs: one server stopped (its data lost), another frozen for
+/// `soak.rs`: one server stopped (its data lost), another frozen for
 /// longer than the ttl, every connection to a third cut; the stopped one
 /// comes back empty once every lease it took part in has expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

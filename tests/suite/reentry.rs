@@ -5,17 +5,14 @@
 //!
 //! Each case runs on the in-memory store and on a `redis-server` of its own;
 //! ordering comes from the bodies themselves, time only as upper bounds.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, Store, client_with, eventually, eventually_async, storage_key};
 use lock_core::{
     ErrorKind, LockClient, LockError, LockGuard, LockInfo, LockOptions, current_lock,
     distributed_lock,
 };
 use lock_testkit::RedisServer;
 use std::time::Duration;
-use support::{Backend, Store, client_with, eventually, eventually_async, storage_key};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 

@@ -5,7 +5,6 @@
 //! Each test has its own store; the clients on one store stand for
 //! replicas of a service. Who is inside a body is told by channels and
 //! counters, never by sleeping; time appears only as generous upper bounds.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{LockClient, LockError, MemoryStore, current_lock, distributed_lock};
 use std::sync::Arc;

@@ -1,9 +1,7 @@
 //! Redis Cluster, against real `redis-server` processes in cluster mode
 //! joined by `redis-cli --cluster create` (started by the test kit).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{client_with, eventually, slow_backoff, storage_key, subscribers};
 use lock_core::{
     LockClient, LockClientBuilder, LockError, LockOptions, current_lock, distributed_lock,
 };
@@ -12,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
-use support::{client_with, eventually, slow_backoff, storage_key, subscribers};
 use tokio::time::Instant;
 
 const PREFIX: &str = "cluster:lock:";

@@ -4,7 +4,6 @@
 //!
 //! Needs lock-core's `tls` feature, which the root package's
 //! dev-dependencies turn on.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use lock_testkit::{RedisServer, TestCertificates};

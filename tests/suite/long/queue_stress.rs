@@ -4,16 +4,13 @@
 //! on a key that jams (cannot be taken again once the storm is over).
 //!
 //! Runs for `QUEUE_STRESS_SECONDS` per backend (default 3).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, client_with, eventually, storage_key};
 use lock_core::{HandoffBudget, LockClient, LockOptions};
 use rand::RngExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
-use support::{Backend, client_with, eventually, storage_key};
 use tokio::time::Instant;
 
 const TASKS: usize = 8;

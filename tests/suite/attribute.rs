@@ -5,12 +5,10 @@
 //!
 //! Every test uses its own server and explicit clients (`client = ..`), so
 //! tests never share state; the global client has its own test binary
-//! (`attribute_global.rs`). Ordering comes from channels; time appears only
+//! (`tests/attribute_global.rs`). Ordering comes from channels; time appears only
 //! as generous upper bounds.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{client_for, storage_key};
 use futures::FutureExt;
 use lock_core::{
     LockClient, LockError, LockInfo, LockOptions, LossReason, current_lock, distributed_lock,
@@ -21,7 +19,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{client_for, storage_key};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout};
 
@@ -703,7 +700,7 @@ mod shim {
     }
 }
 
-#[distributed_lock(key = "shimmed:{id}", client = client, crate = "crate::shim")]
+#[distributed_lock(key = "shimmed:{id}", client = client, crate = "crate::attribute::shim")]
 async fn shimmed(client: &LockClient, id: u32) -> Result<String, LockError> {
     Ok(current_lock().unwrap().key().to_owned())
 }

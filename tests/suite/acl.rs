@@ -2,15 +2,12 @@
 //! behavioural case without a single denial, and a user missing one gets a
 //! clear `Server` error at the operation that needs it (or, for
 //! `SUBSCRIBE`, waits by polling instead).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{eventually, subscribers};
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use lock_testkit::RedisServer;
 use std::collections::HashMap;
 use std::time::Duration;
-use support::{eventually, subscribers};
 use tokio::time::{Instant, timeout};
 
 const PREFIX: &str = "acl:lock:";

@@ -1,13 +1,10 @@
 //! Operating locks: who holds a lock (`inspect`), which are held (`list`),
 //! and breaking one (`force_release`), on one server, a Redis Cluster and
 //! the in-memory store.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{self, Backend, Store, client_with};
 use lock_core::{LockClient, LockKind, LockOptions, LossReason};
 use std::time::Duration;
-use support::{Backend, Store, client_with};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(3);

@@ -3,15 +3,14 @@
 //! calls), and what happens when the server stops, restarts, flushes its
 //! scripts or refuses a password. What must hold on every backend lives in
 //! `behaviour.rs`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{
+    client_with, eventually, slow_backoff, spawn_waiting, storage_key, subscribers,
+};
 use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockGuard, LockOptions};
 use lock_testkit::RedisServer;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{client_with, eventually, slow_backoff, spawn_waiting, storage_key, subscribers};
 use tokio::time::Instant;
 
 const PREFIX: &str = "test:lock:";

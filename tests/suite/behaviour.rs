@@ -4,15 +4,12 @@
 //!
 //! Each case gets two clients on one backend (`a` and `b`), like two
 //! processes of a service.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, client_with, slow_backoff, spawn_waiting};
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
-use support::{Backend, client_with, slow_backoff, spawn_waiting};
 use tokio::time::Instant;
 
 struct Fixture {

@@ -6,14 +6,11 @@
 //! A holder of another library releases with a compare-and-delete that
 //! publishes nothing: a waiter that saw its value (not a lock-core token)
 //! polls on a short cap, and takes over soon after, whatever its backoff.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{Backend, client_with, slow_backoff, spawn_waiting, storage_key};
 use lock_core::{LockClient, LockOptions};
 use lock_testkit::RedisServer;
 use std::time::Duration;
-use support::{Backend, client_with, slow_backoff, spawn_waiting, storage_key};
 use tokio::time::Instant;
 
 /// The crashed holder's lease.

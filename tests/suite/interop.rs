@@ -8,10 +8,8 @@
 //! neither, the tests fail and say how to make it, unless
 //! `LOCK_SKIP_INTEROP=1`: then they say they were skipped. (With an
 //! interpreter at hand they run, whatever `LOCK_SKIP_INTEROP` says.)
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{client_for, client_with, eventually, spawn_waiting, subscribers};
 use lock_core::{Backoff, LockClient, LockOptions};
 use lock_testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
@@ -19,7 +17,6 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::{client_for, client_with, eventually, spawn_waiting, subscribers};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;

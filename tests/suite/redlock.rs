@@ -1,13 +1,10 @@
 //! Redlock over independent `redis-server` processes, some of them stopped.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
+use crate::support::{client_with, eventually, storage_key};
 use lock_core::{ErrorKind, LockClient, LockClientBuilder, LockOptions};
 use lock_testkit::{RedisServer, start_servers};
 use rand::RngExt;
 use std::time::Duration;
-use support::{client_with, eventually, storage_key};
 use tokio::time::Instant;
 
 const PREFIX: &str = "rl:";
