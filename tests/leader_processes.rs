@@ -114,35 +114,40 @@ const MIN_FREEZES: usize = 5;
 /// second leader.
 const ROUNDING: u64 = 2_000;
 
-/// One run at a time: each keeps both cores busy, and the timings are the
-/// point.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// The runs are long: `scripts/test --quick` leaves them out (`long::`).
+mod long {
+    use super::*;
 
-#[test]
-fn one_server_for_a_minute() {
-    let _one = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let servers = vec![RedisServer::start()];
-    let length = run_length(Duration::from_secs(60));
-    let run = Run::start("1 server", &servers, None, ONE_SERVER);
-    run.go(length).verdict();
-}
+    /// One run at a time: each keeps both cores busy, and the timings are the
+    /// point.
+    static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Redlock over three servers, one frozen (`SIGSTOP`) for the whole run:
-/// every call must do with the other two. Shorter than the one-server run:
-/// the election's code is the same, and the suite must stay within a few
-/// minutes; 25 s still sees a dozen or more of each fault.
-///
-/// Split votes make the takeovers slower here: see [`SPLIT`].
-#[test]
-fn redlock_with_a_frozen_server() {
-    let _one = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let servers = start_servers(3);
-    let length = run_length(Duration::from_secs(25));
-    let frozen = servers[2].pause();
-    let run = Run::start("Redlock, 1 of 3 frozen", &servers, Some(2), SPLIT);
-    let outcome = run.go(length);
-    drop(frozen);
-    outcome.verdict();
+    #[test]
+    fn one_server_for_a_minute() {
+        let _one = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+        let servers = vec![RedisServer::start()];
+        let length = run_length(Duration::from_secs(60));
+        let run = Run::start("1 server", &servers, None, ONE_SERVER);
+        run.go(length).verdict();
+    }
+
+    /// Redlock over three servers, one frozen (`SIGSTOP`) for the whole run:
+    /// every call must do with the other two. Shorter than the one-server run:
+    /// the election's code is the same, and the suite must stay within a few
+    /// minutes; 25 s still sees a dozen or more of each fault.
+    ///
+    /// Split votes make the takeovers slower here: see [`SPLIT`].
+    #[test]
+    fn redlock_with_a_frozen_server() {
+        let _one = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+        let servers = start_servers(3);
+        let length = run_length(Duration::from_secs(25));
+        let frozen = servers[2].pause();
+        let run = Run::start("Redlock, 1 of 3 frozen", &servers, Some(2), SPLIT);
+        let outcome = run.go(length);
+        drop(frozen);
+        outcome.verdict();
+    }
 }
 
 fn run_length(default: Duration) -> Duration {

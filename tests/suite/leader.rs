@@ -10,15 +10,11 @@
 //! A crash is a leader whose client reaches Redis through a proxy that
 //! starts dropping everything: no renewal and no release arrive, as when
 //! its process dies. tests/leader_processes.rs kills real processes.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
+use crate::support::{build, client_with, slow_backoff, spawn_waiting, storage_key};
 use futures::StreamExt;
 use lock_core::{ErrorKind, Leadership, LockClient, LockClientBuilder, LockError, LockState};
 use lock_testkit::{Proxy, ProxyMode, RedisServer, start_servers};
 use std::time::Duration;
-use support::{build, client_with, slow_backoff, spawn_waiting, storage_key};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -108,7 +104,7 @@ fn expiry(servers: &[&RedisServer]) -> Instant {
 async fn renewed(live: &[&RedisServer], granted: Instant, ttl: Duration) {
     let key = storage_key(PREFIX, KEY);
     let margin = ttl / 10;
-    support::eventually(ttl, "a renewal of the leader's lease", || {
+    crate::support::eventually(ttl, "a renewal of the leader's lease", || {
         live.iter().all(|server| {
             let pttl: i64 = server.cmd(&["PTTL", &key]);
             let left = Duration::from_millis(u64::try_from(pttl.max(0)).unwrap());

@@ -8,16 +8,12 @@
 //! Every test uses its own server and explicit clients (`client = ..`).
 //! Ordering comes from channels; time appears only as generous upper
 //! bounds, and once as the lower bound the campaign must outlast.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
+use crate::support::{build, spawn_waiting};
 use lock_core::{LockClient, LockError, LossReason, current_lock, distributed_lock};
 use lock_testkit::{Proxy, ProxyMode, RedisServer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{build, spawn_waiting};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout};
 
