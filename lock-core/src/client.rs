@@ -6,7 +6,7 @@ mod operators;
 
 pub use builder::LockClientBuilder;
 pub use leader::Leadership;
-pub use operators::{LockCursor, LockKind, LockPage, LockState};
+pub use operators::{LockCursor, LockKind, LockPage, LockState, LockWaiter};
 
 use crate::acquire;
 use crate::backend::{Backend, MemoryStore};
@@ -17,6 +17,7 @@ use crate::guard::LockGuard;
 use crate::lease::{Lease, Scope};
 use crate::observe;
 use crate::options::{LockOptions, Mode};
+use crate::waits;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -233,6 +234,7 @@ impl LockClient {
         // Counted while the acquisition is under way; dropped with it, even
         // when the caller drops this future while it waits.
         let _waiting = observe::Waiting::start(label);
+        let wait = options.wait.unwrap_or(self.inner.default_wait);
         let acquired = async {
             match options.mode {
                 Mode::Exclusive => self.inner.acquire_one(key, options, &attempts).await,
@@ -241,6 +243,8 @@ impl LockClient {
                 }
             }
         };
+        let keys = [key];
+        let acquired = waits::watched(&self.inner, &keys, wait, acquired);
         let result = acquired.instrument(span.clone()).await;
         observe::acquisition(
             &span,
@@ -317,9 +321,9 @@ impl LockClient {
         let started = Instant::now();
         let label = options.label;
         let _waiting = observe::Waiting::start(label);
-        let result = self
-            .inner
-            .acquire_several(&keys, options, &attempts)
+        let wait = options.wait.unwrap_or(self.inner.default_wait);
+        let acquired = self.inner.acquire_several(&keys, options, &attempts);
+        let result = waits::watched(&self.inner, &keys, wait, acquired)
             .instrument(span.clone())
             .await;
         observe::acquisition(

@@ -94,6 +94,10 @@ pub(crate) struct Level {
     /// The lease held, shared with the guard of the outermost body of this
     /// key (re-entered levels share it too), so a re-entry sees its loss.
     lease: Arc<Lease>,
+    /// Who holds the locks of this task's annotated bodies, as others see
+    /// it in wait records: drawn by the outermost body, kept by the nested
+    /// ones.
+    owner: u64,
     outer: Option<Arc<Level>>,
 }
 
@@ -128,6 +132,33 @@ pub(crate) fn held(client: &Arc<ClientInner>, key: &str) -> Option<Arc<Lease>> {
         .flatten()
 }
 
+/// This task's owner id and what its annotated bodies hold through
+/// `client` (each lease's token and keys), for a wait record: `None`
+/// outside every annotated body.
+pub(crate) fn holdings(client: &Arc<ClientInner>) -> Option<(u64, Vec<Arc<Lease>>)> {
+    CURRENT
+        .try_with(|innermost| {
+            let mut leases = Vec::new();
+            let mut level = Some(innermost);
+            while let Some(here) = level {
+                if Arc::ptr_eq(&here.client, client)
+                    && !leases.iter().any(|l| Arc::ptr_eq(l, &here.lease))
+                {
+                    leases.push(here.lease.clone());
+                }
+                level = here.outer.as_ref();
+            }
+            (innermost.owner, leases)
+        })
+        .ok()
+}
+
+/// A fresh owner id, for a task outside every annotated body.
+pub(crate) fn new_owner() -> u64 {
+    use rand::Rng;
+    rand::rng().next_u64()
+}
+
 /// Runs `body` as a new innermost level: holding `lease` on `info`'s key
 /// through `client`.
 pub(crate) fn scope<F: Future>(
@@ -137,10 +168,12 @@ pub(crate) fn scope<F: Future>(
     body: F,
 ) -> impl Future<Output = F::Output> {
     let outer = CURRENT.try_with(Arc::clone).ok();
+    let owner = outer.as_ref().map_or_else(new_owner, |outer| outer.owner);
     let level = Level {
         info,
         client,
         lease,
+        owner,
         outer,
     };
     CURRENT.scope(Arc::new(level), body)

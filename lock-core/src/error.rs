@@ -36,9 +36,14 @@ pub enum ErrorKind {
     /// options of one call (a ttl or wait out of range, a kind of lock the
     /// key is not held as, ...: "invalid lock options").
     Config,
-    /// The task asked for a lock it can never get because of what it holds
-    /// itself: an exclusive lock on a key it holds shared (or with a
-    /// permit), or several keys of which it holds only some.
+    /// The task asked for a lock it can never get because of what it holds:
+    /// itself (an exclusive lock on a key it holds shared or with a permit,
+    /// or several keys of which it holds only some), or with others, when
+    /// its wait closed a cycle of waits across tasks or processes and was
+    /// the youngest wait of the cycle (the message names the cycle; see
+    /// `docs/deadlocks.md`). An annotated body unwinds and releases as on
+    /// any error; retrying later, after the other owners finished, can
+    /// succeed.
     WouldDeadlock,
 }
 
@@ -53,7 +58,7 @@ impl ErrorKind {
             ErrorKind::Server => "redis answered with an error",
             ErrorKind::InvalidKey => "invalid lock key",
             ErrorKind::Config => "invalid lock client configuration",
-            ErrorKind::WouldDeadlock => "the lock would wait on this task itself",
+            ErrorKind::WouldDeadlock => "the lock would deadlock",
         }
     }
 }

@@ -111,6 +111,9 @@ mod current;
 // `LockGuard`: the held lock, its loss signal, release and `Drop`.
 mod guard;
 
+// Wait records in Redis, and cycles of waits found and broken.
+mod waits;
+
 // Acquisition by kind: one key, several keys, shared holders and permits.
 mod acquire;
 
@@ -130,7 +133,7 @@ mod private;
 pub use backend::MemoryStore;
 pub use backoff::Backoff;
 pub use client::{Leadership, LockClient, LockClientBuilder};
-pub use client::{LockCursor, LockKind, LockPage, LockState};
+pub use client::{LockCursor, LockKind, LockPage, LockState, LockWaiter};
 pub use current::{LockInfo, current_lock};
 pub use error::{ErrorKind, LockError, LossReason, NodeError, QuorumFailure, TimedOut};
 pub use global::{

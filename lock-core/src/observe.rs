@@ -9,12 +9,15 @@
 //! | WARN `lock lost`: `key`, `reason` | a held lock found lost |
 //! | DEBUG `lock released`: `key`, `held_ms`, `owned` | each release |
 //! | DEBUG `lock re-entered`: `key` | a nested acquisition of a lock the task holds |
+//! | DEBUG `lock wait not recorded`: `key`, `error` | a wait record that could not be written (see `waits.rs`) |
+//! | WARN `lock wait would deadlock, giving up`: `key`, `cycle` | an acquisition chosen as the victim of a cycle of waits |
 //! | WARN `lock force-released; ...`: `key`, `holder`, `kind` | [`LockClient::force_release`](crate::LockClient::force_release) broke a lock |
 //!
 //! Keys are logged as the caller named them; tokens never are. With the
 //! `metrics` feature: counters `lock_core_acquired_total`,
 //! `lock_core_contended_total`, `lock_core_unavailable_total`,
-//! `lock_core_lost_total`, `lock_core_released_total`, and histograms
+//! `lock_core_lost_total`, `lock_core_released_total`,
+//! `lock_core_deadlocks_total` (acquisitions that gave up as a cycle's victim), and histograms
 //! `lock_core_wait_seconds` (acquisitions, successful or not) and
 //! `lock_core_hold_seconds` (from acquisition to release), and gauges
 //! `lock_core_held` (locks held through a guard of this process: up at
@@ -59,6 +62,7 @@ pub(crate) fn acquisition(
             ErrorKind::Contended => "contended",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::InvalidKey | ErrorKind::Config => "invalid",
+            ErrorKind::WouldDeadlock => "deadlock",
             _ => "failed",
         },
     };
@@ -73,6 +77,7 @@ pub(crate) fn acquisition(
             "acquired" => Some("lock_core_acquired_total"),
             "contended" => Some("lock_core_contended_total"),
             "unavailable" => Some("lock_core_unavailable_total"),
+            "deadlock" => Some("lock_core_deadlocks_total"),
             _ => None,
         };
         if let Some(counter) = counter {
@@ -81,6 +86,17 @@ pub(crate) fn acquisition(
         metrics::histogram!("lock_core_wait_seconds", "template" => label)
             .record(waited.as_secs_f64());
     }
+}
+
+/// A wait record that could not be written: the wait goes on, unseen by
+/// operators and by other waiters' walks until a later refresh.
+pub(crate) fn wait_record_failed(key: &str, error: &LockError) {
+    tracing::debug!(key, error = %error, "lock wait not recorded");
+}
+
+/// An acquisition gives up as the victim of a cycle of waits.
+pub(crate) fn deadlock(key: &str, cycle: &str) {
+    tracing::warn!(key, cycle, "lock wait would deadlock, giving up");
 }
 
 /// A busy answer; another attempt follows after `delay`.

@@ -59,7 +59,7 @@ macro_rules! lua {
 }
 
 /// Every script lock-core calls by its hash.
-pub(crate) static ALL: [&Lua; 14] = [
+pub(crate) static ALL: [&Lua; 18] = [
     &RELEASE,
     &RENEW,
     &SET_TTL,
@@ -74,6 +74,10 @@ pub(crate) static ALL: [&Lua; 14] = [
     &SHARED_RENEW,
     &INSPECT,
     &FORCE_RELEASE,
+    &WAIT_RECORD,
+    &WAIT_HOP,
+    &WAIT_FORGET,
+    &WAITERS,
 ];
 
 /// One `EVALSHA` call of a script.
@@ -443,6 +447,37 @@ pub(crate) static FORCE_RELEASE: Lua = lua!(concat!(
 ));
 
 /// The scripts against a real `redis-server`.
+/// A waiter records (or refreshes) that it waits for a key: one member of
+/// the key's waiters set (see `waits.rs` and `docs/deadlocks.md`).
+///
+/// `KEYS[1]` the waiters set (`<lock key>:waiters`, a sorted set: member
+/// → expiry on the server's clock, in milliseconds); `ARGV[1]` the member
+/// (`<owner>|<since ms>|<holder>`), `ARGV[2]` how long it lasts, in
+/// milliseconds. Expired members are pruned first; the set lasts as long
+/// as its longest-lived member. Returns 1.
+pub(crate) static WAIT_RECORD: Lua = lua!(include_str!("scripts/wait_record.lua"));
+
+/// One step of the deadlock walk: who holds a key, and what that holder
+/// waits for.
+///
+/// `KEYS[1]` lock key, `KEYS[2]` its wait note (`<lock key>:waiting`,
+/// written by a holder of the key while it waits for another). Returns
+/// `{value, note}`, each nil when absent; both nil when the lock key is
+/// not a string (shared holders, permits, another program's key: never
+/// followed). Writes nothing.
+pub(crate) static WAIT_HOP: Lua = lua!(include_str!("scripts/wait_hop.lua"));
+
+/// Deletes a wait note if it is still the one given.
+///
+/// `KEYS[1]` the note, `ARGV[1]` its value. Returns 1 when deleted.
+pub(crate) static WAIT_FORGET: Lua = lua!(include_str!("scripts/wait_forget.lua"));
+
+/// The live members of a key's waiters set, for operators.
+///
+/// `KEYS[1]` the waiters set. Returns `{now_ms, member, ...}`: the
+/// server's clock, then every member not yet expired. Writes nothing.
+pub(crate) static WAITERS: Lua = lua!(include_str!("scripts/waiters.lua"));
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

@@ -42,6 +42,11 @@ impl Holder {
         }
     }
 
+    /// The holder name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Records that the server's clock read `server_ms` around `local_ms`
     /// on this machine's.
     pub(crate) fn learn_offset(&self, server_ms: i64, local_ms: i64) {

@@ -25,6 +25,8 @@ mod behaviour;
 mod cancellation;
 mod cluster;
 mod core;
+mod deadlock_processes;
+mod deadlocks;
 mod faults;
 mod interop;
 mod isolation;

@@ -9,7 +9,8 @@
 use super::operators::{Forced, RawState, glob_match};
 use super::wakeup::Channels;
 use super::{
-    Attempt, LockKeys, RenewOutcome, Renewable, Several, SharedAttempt, SharedKeys, SharedLease,
+    Attempt, Hop, LockKeys, RenewOutcome, Renewable, Several, SharedAttempt, SharedKeys,
+    SharedLease, WaitRecords, WaitersAt,
 };
 use crate::lease::fence_retention;
 use crate::token::Token;
@@ -63,6 +64,10 @@ struct State {
     /// Tombstones of force-released locks: the evicted tokens, and until
     /// when they are kept.
     evicted: HashMap<String, (Vec<Token>, Instant)>,
+    /// Waiters sets: each member, and when it expires.
+    waiters: HashMap<String, Vec<(String, Instant)>>,
+    /// Wait notes: the value, and when it expires.
+    notes: HashMap<String, (String, Instant)>,
 }
 
 /// The holders of a shared lock or of permits.
@@ -397,6 +402,73 @@ impl MemoryStore {
             held.fence = Some(fence);
         }
         Some(Attempt::Granted { fence })
+    }
+
+    /// Writes or refreshes a waiter's records, as `scripts::WAIT_RECORD`
+    /// and `SET .. PX` do.
+    pub(crate) fn record_wait(&self, records: &WaitRecords<'_>, ttl: Duration) {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        for set in records.sets {
+            let members = state.waiters.entry(set.clone()).or_default();
+            members.retain(|(m, expires)| *expires > now && m != records.member);
+            members.push((records.member.to_owned(), now + ttl));
+        }
+        for (note, value) in records.notes {
+            state.notes.insert(note.clone(), (value.clone(), now + ttl));
+        }
+    }
+
+    /// Removes a waiter's records, as `ZREM` and `scripts::WAIT_FORGET` do.
+    pub(crate) fn forget_wait(&self, records: &WaitRecords<'_>) {
+        let mut state = self.inner.lock();
+        for set in records.sets {
+            if let Some(members) = state.waiters.get_mut(set) {
+                members.retain(|(m, _)| m != records.member);
+                if members.is_empty() {
+                    state.waiters.remove(set);
+                }
+            }
+        }
+        for (note, value) in records.notes {
+            if state.notes.get(note).is_some_and(|(v, _)| v == value) {
+                state.notes.remove(note);
+            }
+        }
+    }
+
+    /// A lock's value and its wait note, as `scripts::WAIT_HOP` answers.
+    pub(crate) fn hop(&self, lock: &str, note: &str) -> Hop {
+        let now = Instant::now();
+        let state = self.inner.lock();
+        let Some(held) = state.locks.get(lock).filter(|h| h.expires > now) else {
+            return Hop::default();
+        };
+        Hop {
+            value: Some(held.value()),
+            note: state
+                .notes
+                .get(note)
+                .filter(|(_, expires)| *expires > now)
+                .map(|(value, _)| value.clone()),
+        }
+    }
+
+    /// The live members of a waiters set, as `scripts::WAITERS` answers.
+    pub(crate) fn waiters(&self, set: &str) -> WaitersAt {
+        let now = Instant::now();
+        let state = self.inner.lock();
+        let members = state.waiters.get(set).map_or_else(Vec::new, |members| {
+            members
+                .iter()
+                .filter(|(_, expires)| *expires > now)
+                .map(|(m, _)| m.clone())
+                .collect()
+        });
+        WaitersAt {
+            now_ms: crate::token::local_now_ms(),
+            members,
+        }
     }
 
     /// What holds `key` now, as `scripts::INSPECT` answers.

@@ -20,6 +20,8 @@ mod operators;
 mod quorum;
 // `Server`: what the commands need of a connection, one bounded call.
 mod server;
+// Wait records and the deadlock walk's reads.
+mod waits;
 // Release wake-ups over pub/sub.
 mod wakeup;
 // lock-core's own pipelined RESP connection over TCP.
@@ -38,6 +40,8 @@ pub use memory::MemoryStore;
 pub(crate) use node::{MinReplicas, Node, redact};
 pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;
+use waits::WaitCommands;
+pub(crate) use waits::{Hop, WaitRecords, WaitersAt};
 pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
@@ -565,4 +569,162 @@ impl Backend {
         };
         found.is_some_and(|tokens| tokens.split(' ').any(|t| t == token.as_str()))
     }
+}
+
+// Wait records and the deadlock walk (see `waits.rs` at the crate root).
+impl Backend {
+    /// Writes or refreshes a waiter's records, lasting `ttl`. On Redlock on
+    /// every server, returning once a majority has them (the walk reads a
+    /// majority too), so a frozen server costs nothing.
+    pub(crate) async fn record_wait(
+        &self,
+        records: &WaitRecords<'_>,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        match self {
+            Backend::Single(node) => node.record_wait(records, ttl, limit).await,
+            Backend::Cluster(node) => node.record_wait(records, ttl, limit).await,
+            Backend::Redlock(quorum) => {
+                let calls = quorum
+                    .nodes()
+                    .iter()
+                    .map(|n| n.record_wait(records, ttl, limit));
+                on_majority(calls, quorum.majority()).await
+            }
+            Backend::Memory(store) => {
+                store.record_wait(records, ttl);
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes a waiter's records; on Redlock from every server, returning
+    /// once a majority answered.
+    pub(crate) async fn forget_wait(
+        &self,
+        records: &WaitRecords<'_>,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        match self {
+            Backend::Single(node) => node.forget_wait(records, limit).await,
+            Backend::Cluster(node) => node.forget_wait(records, limit).await,
+            Backend::Redlock(quorum) => {
+                let calls = quorum.nodes().iter().map(|n| n.forget_wait(records, limit));
+                on_majority(calls, quorum.majority()).await
+            }
+            Backend::Memory(store) => {
+                store.forget_wait(records);
+                Ok(())
+            }
+        }
+    }
+
+    /// Who holds `lock`, and its holder's wait note. On Redlock the first
+    /// answer for which `decisive` holds, or else the first of a majority
+    /// of answers: a frozen server never holds the walk up.
+    pub(crate) async fn hop(
+        &self,
+        lock: &str,
+        note: &str,
+        limit: Duration,
+        decisive: impl Fn(&Hop) -> bool,
+    ) -> Result<Hop, LockError> {
+        match self {
+            Backend::Single(node) => node.hop(lock, note, limit).await,
+            Backend::Cluster(node) => node.hop(lock, note, limit).await,
+            Backend::Redlock(quorum) => {
+                let mut pending: futures::stream::FuturesUnordered<_> = quorum
+                    .nodes()
+                    .iter()
+                    .map(|n| n.hop(lock, note, limit))
+                    .collect();
+                let (mut answers, mut first_error) = (Vec::new(), None);
+                while let Some(answer) = futures::StreamExt::next(&mut pending).await {
+                    match answer {
+                        Ok(hop) if decisive(&hop) => return Ok(hop),
+                        Ok(hop) => answers.push(hop),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                    if answers.len() >= quorum.majority() {
+                        break;
+                    }
+                }
+                match (answers.into_iter().next(), first_error) {
+                    (Some(hop), _) => Ok(hop),
+                    (None, Some(e)) => Err(e),
+                    (None, None) => Ok(Hop::default()),
+                }
+            }
+            Backend::Memory(store) => Ok(store.hop(lock, note)),
+        }
+    }
+
+    /// The live waiters of a key (`set` is its waiters set); on Redlock
+    /// the longest list among a majority of the servers (a server that was
+    /// down when a waiter wrote misses it).
+    pub(crate) async fn waiters(&self, set: &str, limit: Duration) -> Result<WaitersAt, LockError> {
+        match self {
+            Backend::Single(node) => node.waiters(set, limit).await,
+            Backend::Cluster(node) => node.waiters(set, limit).await,
+            Backend::Redlock(quorum) => {
+                let mut pending: futures::stream::FuturesUnordered<_> = quorum
+                    .nodes()
+                    .iter()
+                    .map(|n| n.waiters(set, limit))
+                    .collect();
+                let (mut best, mut answered, mut first_error) = (None::<WaitersAt>, 0, None);
+                while let Some(answer) = futures::StreamExt::next(&mut pending).await {
+                    match answer {
+                        Ok(at) => {
+                            answered += 1;
+                            if best
+                                .as_ref()
+                                .is_none_or(|b| at.members.len() > b.members.len())
+                            {
+                                best = Some(at);
+                            }
+                        }
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                    if answered >= quorum.majority() {
+                        break;
+                    }
+                }
+                match (best, first_error) {
+                    (Some(at), _) => Ok(at),
+                    (None, Some(e)) => Err(e),
+                    (None, None) => Ok(WaitersAt::default()),
+                }
+            }
+            Backend::Memory(store) => Ok(store.waiters(set)),
+        }
+    }
+}
+
+/// Runs `calls`, one per Redlock server, until `majority` of them succeeded
+/// (the rest are dropped) or all have answered: `Ok` with a majority, else
+/// the first error.
+async fn on_majority<F>(calls: impl Iterator<Item = F>, majority: usize) -> Result<(), LockError>
+where
+    F: std::future::Future<Output = Result<(), LockError>>,
+{
+    let mut pending: futures::stream::FuturesUnordered<F> = calls.collect();
+    let (mut done, mut first_error) = (0, None);
+    while let Some(answer) = futures::StreamExt::next(&mut pending).await {
+        match answer {
+            Ok(()) => done += 1,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+        if done >= majority {
+            return Ok(());
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }

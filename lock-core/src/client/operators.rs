@@ -39,6 +39,41 @@ pub struct LockState {
     remaining: Option<Duration>,
     fence: Option<u64>,
     holders: u64,
+    waiters: Vec<LockWaiter>,
+}
+
+/// A task waiting for a lock, as its wait record in Redis says (see
+/// [`LockState::waiters`] and `docs/deadlocks.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockWaiter {
+    holder: String,
+    waited: Duration,
+}
+
+impl LockWaiter {
+    /// The holder name of the waiter's client
+    /// ([`LockClientBuilder::holder_name`](crate::LockClientBuilder::holder_name)).
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// How long it has waited, by the server's clock.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// A waiters set's member: `<owner>|<since ms>|<holder>`, at `now_ms`.
+    fn parse(member: &str, now_ms: i64) -> Option<LockWaiter> {
+        let mut fields = member.splitn(3, '|');
+        let _owner = fields.next()?;
+        let since_ms: i64 = fields.next()?.parse().ok()?;
+        let holder = fields.next()?.to_owned();
+        let waited = u64::try_from(now_ms.saturating_sub(since_ms)).unwrap_or(0);
+        Some(LockWaiter {
+            holder,
+            waited: Duration::from_millis(waited),
+        })
+    }
 }
 
 impl LockState {
@@ -88,6 +123,20 @@ impl LockState {
         self.holders
     }
 
+    /// How many tasks, in every process and client, wait for this lock
+    /// now: those that have waited past a short threshold (50 ms), as their
+    /// wait records in Redis say. A record outlives a crashed waiter by
+    /// two seconds at most.
+    pub fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// The tasks that wait for this lock (see [`waiting`](Self::waiting)),
+    /// the longest wait first.
+    pub fn waiters(&self) -> &[LockWaiter] {
+        &self.waiters
+    }
+
     /// The state described by a server's raw answer about `key`.
     fn from_raw(key: &str, raw: RawState) -> LockState {
         let remaining = u64::try_from(raw.pttl_ms).ok().map(Duration::from_millis);
@@ -99,6 +148,7 @@ impl LockState {
             remaining,
             fence: None,
             holders: raw.holders,
+            waiters: Vec::new(),
         };
         if raw.foreign {
             state.kind = LockKind::Foreign;
@@ -204,17 +254,30 @@ impl LockClient {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockState>, LockError> {
         let inner = &self.inner;
         let keys = KeyNames::of(inner, key)?;
-        let raw = inner
-            .backend
-            .inspect(&keys.operator_keys(), inner.op_timeout)
-            .await
-            .map_err(|e| e.with_key(key))?;
-        if let Some(raw) = &raw {
+        let waiters_key = crate::waits::waiters_key(&keys.lock);
+        let (raw, waiters) = futures::future::join(
             inner
-                .holder
-                .learn_offset(raw.now_ms, crate::token::local_now_ms());
-        }
-        Ok(raw.map(|raw| LockState::from_raw(key, raw)))
+                .backend
+                .inspect(&keys.operator_keys(), inner.op_timeout),
+            inner.backend.waiters(&waiters_key, inner.op_timeout),
+        )
+        .await;
+        let raw = raw.map_err(|e| e.with_key(key))?;
+        let Some(raw) = raw else {
+            return Ok(None);
+        };
+        inner
+            .holder
+            .learn_offset(raw.now_ms, crate::token::local_now_ms());
+        let mut state = LockState::from_raw(key, raw);
+        let waiters = waiters.map_err(|e| e.with_key(key))?;
+        state.waiters = waiters
+            .members
+            .iter()
+            .filter_map(|m| LockWaiter::parse(m, waiters.now_ms))
+            .collect();
+        state.waiters.sort_by_key(|w| std::cmp::Reverse(w.waited));
+        Ok(Some(state))
     }
 
     /// Breaks the lock `key`, whoever holds it (an exclusive holder, every

@@ -1,0 +1,353 @@
+//! Who waits for whom, in one process: clients that stand for replicas
+//! of a service (each its own holder name) run annotated functions that
+//! call each other and wait for each other's keys. What a user notices: a
+//! cycle of waits fails exactly one of them with `WouldDeadlock` within a
+//! second (naming the cycle) while the others complete; a chain without a
+//! cycle never fails; operators see the waiters of a key; nothing of a
+//! wait stays in Redis once it ended. tests/deadlock_processes.rs runs
+//! the same across processes and kills a waiter.
+//!
+//! The steps are ordered by barriers: every owner holds its first key
+//! before any asks for its second, so the cycle closes when the last one
+//! starts waiting. Time enters only as upper bounds.
+
+use crate::support::{Backend, Store, client_with, eventually_async, storage_key};
+use lock_core::{ErrorKind, LockClient, LockError, distributed_lock};
+use lock_testkit::RedisServer;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Barrier;
+use tokio::time::Instant;
+
+const PREFIX: &str = "deadlock:";
+
+/// The bound: the victim fails within a second of the cycle
+/// closing (the detection itself takes 50 to 300 ms).
+const DETECTED: Duration = Duration::from_secs(1);
+
+/// Far longer than any test: only a detected cycle ends these waits early.
+const LONG_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a wait's records may take to go once it ended (a removal in
+/// the background, one round trip).
+const FORGOTTEN: Duration = Duration::from_secs(1);
+
+/// A replica named `name` on `backend`, waiting up to 30 s by default.
+async fn replica(backend: &(impl Store + ?Sized), name: &str) -> LockClient {
+    let builder = LockClient::builder()
+        .key_prefix(PREFIX)
+        .holder_name(name)
+        .default_wait(LONG_WAIT)
+        .node_timeout(Duration::from_millis(200));
+    client_with(backend, builder).await
+}
+
+/// Holds `first` (as an annotated body), waits at `barrier` until every
+/// owner holds its own first key, then asks for `second` (a nested
+/// annotated call) and holds it for `work`.
+#[distributed_lock(key = "{first}", client = client)]
+async fn hold_then_take(
+    client: &LockClient,
+    first: &str,
+    second: &str,
+    barrier: &Barrier,
+    work: Duration,
+) -> Result<(), LockError> {
+    barrier.wait().await;
+    take(client, second, work).await
+}
+
+#[distributed_lock(key = "{key}", client = client)]
+async fn take(client: &LockClient, key: &str, work: Duration) -> Result<(), LockError> {
+    tokio::time::sleep(work).await;
+    Ok(())
+}
+
+/// How one owner's call ended, and when.
+struct Outcome {
+    name: String,
+    result: Result<(), LockError>,
+    at: Instant,
+}
+
+/// Runs one owner per `(name, first, second)` on `backend`, each holding
+/// `first` and then asking for `second`; returns when all ended, with the
+/// moment the last of them started waiting (all passed the barrier).
+async fn run_owners(
+    backend: &(impl Store + Sync + ?Sized),
+    owners: &[(&str, &str, &str)],
+    work: Duration,
+) -> (Vec<Outcome>, Instant) {
+    let barrier = Arc::new(Barrier::new(owners.len() + 1));
+    let mut tasks = Vec::new();
+    for &(name, first, second) in owners {
+        let client = replica(backend, name).await;
+        let barrier = barrier.clone();
+        let (name, first, second) = (name.to_owned(), first.to_owned(), second.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let result = hold_then_take(&client, &first, &second, &barrier, work).await;
+            Outcome {
+                name,
+                result,
+                at: Instant::now(),
+            }
+        }));
+    }
+    barrier.wait().await;
+    let closed = Instant::now();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        let outcome = tokio::time::timeout(LONG_WAIT, task)
+            .await
+            .expect("every owner ends well within its wait")
+            .unwrap();
+        outcomes.push(outcome);
+    }
+    (outcomes, closed)
+}
+
+/// Exactly one owner failed with `WouldDeadlock`, within [`DETECTED`] of
+/// `closed`, its message naming `keys` and every other owner; the others
+/// completed. Returns the victim's name and how long detection took.
+fn one_victim(outcomes: &[Outcome], closed: Instant, keys: &[&str]) -> (String, Duration) {
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.result.is_err()).collect();
+    assert_eq!(
+        failed.len(),
+        1,
+        "exactly one victim: {:?}",
+        outcomes
+            .iter()
+            .map(|o| (&o.name, o.result.as_ref().map_err(ToString::to_string)))
+            .collect::<Vec<_>>()
+    );
+    let victim = failed[0];
+    let err = victim.result.as_ref().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WouldDeadlock, "{err}");
+    let message = err.to_string();
+    for key in keys {
+        assert!(message.contains(&format!("{key:?}")), "{key} in: {message}");
+    }
+    for other in outcomes {
+        assert!(
+            message.contains(&other.name),
+            "{} in: {message}",
+            other.name
+        );
+    }
+    let took = victim.at.saturating_duration_since(closed);
+    assert!(
+        took < DETECTED,
+        "the victim failed {took:?} after the cycle closed"
+    );
+    (victim.name.clone(), took)
+}
+
+/// Two replicas, each holding one key and asking for the other's: the
+/// issue's `charge(order 42)` → `debit(account 7)` against `refund(account
+/// 7)` → `restore(order 42)`, on each backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_owners_in_a_cycle_one_gives_up_within_a_second() {
+    for backend in [
+        Backend::memory(),
+        Backend::server(),
+        Backend::cluster(),
+        Backend::redlock(),
+    ] {
+        let owners = [
+            ("replica-1", "order:42", "account:7"),
+            ("replica-2", "account:7", "order:42"),
+        ];
+        let (outcomes, closed) = run_owners(&backend, &owners, Duration::ZERO).await;
+        let (victim, took) = one_victim(&outcomes, closed, &["order:42", "account:7"]);
+        println!(
+            "{}: {victim} gave up {took:?} after the cycle closed",
+            name(&backend)
+        );
+        // Nothing of either wait is left: no waiters, no notes.
+        for key in ["order:42", "account:7"] {
+            no_records(&backend, key).await;
+        }
+    }
+}
+
+/// Three owners in a ring; on one server and on a cluster, where the keys
+/// are in different slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_owners_in_a_cycle_one_gives_up() {
+    for backend in [Backend::server(), Backend::cluster()] {
+        let owners = [
+            ("replica-1", "a:1", "b:2"),
+            ("replica-2", "b:2", "c:3"),
+            ("replica-3", "c:3", "a:1"),
+        ];
+        let (outcomes, closed) = run_owners(&backend, &owners, Duration::ZERO).await;
+        let (victim, took) = one_victim(&outcomes, closed, &["a:1", "b:2", "c:3"]);
+        println!(
+            "{}: {victim} gave up {took:?} after the cycle closed",
+            name(&backend)
+        );
+    }
+}
+
+/// A chain that does not come back: the last owner holds its key for a
+/// while and asks for a free one; everyone waits and everyone completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_without_a_cycle_never_fails() {
+    for backend in [Backend::memory(), Backend::server(), Backend::cluster()] {
+        let owners = [
+            ("replica-1", "a:1", "b:2"),
+            ("replica-2", "b:2", "c:3"),
+            ("replica-3", "c:3", "free:4"),
+        ];
+        // Long enough that the waiters record and walk several times.
+        let work = Duration::from_millis(1500);
+        let (outcomes, _) = run_owners(&backend, &owners, work).await;
+        for outcome in &outcomes {
+            assert!(
+                outcome.result.is_ok(),
+                "{}: {:?}",
+                outcome.name,
+                outcome.result
+            );
+        }
+    }
+}
+
+#[distributed_lock(keys = ["{a}", "{b}"], client = client)]
+async fn hold_both_then_take(
+    client: &LockClient,
+    a: &str,
+    b: &str,
+    third: &str,
+    barrier: &Barrier,
+) -> Result<(), LockError> {
+    barrier.wait().await;
+    take(client, third, Duration::ZERO).await
+}
+
+/// A cycle through a holder of several keys (`keys = [..]`): it holds
+/// `x:1` and `x:2` and waits for `y:3`, whose holder waits for `x:2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_through_a_lock_all_holder_is_broken() {
+    for backend in [Backend::server(), Backend::memory()] {
+        let both = replica(&backend, "replica-all").await;
+        let one = replica(&backend, "replica-one").await;
+        let barrier = Arc::new(Barrier::new(3));
+        let (b1, b2) = (barrier.clone(), barrier.clone());
+        let all = tokio::spawn(async move {
+            let r = hold_both_then_take(&both, "x:1", "x:2", "y:3", &b1).await;
+            (r, Instant::now())
+        });
+        let single = tokio::spawn(async move {
+            let r = hold_then_take(&one, "y:3", "x:2", &b2, Duration::ZERO).await;
+            (r, Instant::now())
+        });
+        barrier.wait().await;
+        let closed = Instant::now();
+        let (all, single) = (all.await.unwrap(), single.await.unwrap());
+        let outcomes = [
+            Outcome {
+                name: "replica-all".into(),
+                result: all.0,
+                at: all.1,
+            },
+            Outcome {
+                name: "replica-one".into(),
+                result: single.0,
+                at: single.1,
+            },
+        ];
+        let (victim, took) = one_victim(&outcomes, closed, &["x:2", "y:3"]);
+        println!(
+            "{}: {victim} gave up {took:?} after the cycle closed",
+            name(&backend)
+        );
+    }
+}
+
+/// Operators see who waits: two replicas wait for a key a third holds;
+/// `inspect` counts them, names them and says how long each waited; once
+/// the waits ended nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_counts_and_names_the_waiters() {
+    for backend in [Backend::memory(), Backend::server(), Backend::redlock()] {
+        let holder = replica(&backend, "holder").await;
+        let guard = holder
+            .lock("report", Duration::from_secs(30))
+            .await
+            .unwrap();
+        let mut waits = Vec::new();
+        for name in ["waiter-1", "waiter-2"] {
+            let client = replica(&backend, name).await;
+            waits.push(tokio::spawn(async move {
+                client
+                    .lock("report", Duration::from_secs(30))
+                    .await
+                    .map(drop)
+            }));
+        }
+        let what = "two waiters recorded";
+        eventually_async(Duration::from_secs(5), what, || async {
+            let state = holder.inspect("report").await.unwrap().unwrap();
+            state.waiting() == 2
+        })
+        .await;
+        let state = holder.inspect("report").await.unwrap().unwrap();
+        let mut names: Vec<&str> = state.waiters().iter().map(|w| w.holder()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["waiter-1", "waiter-2"]);
+        for waiter in state.waiters() {
+            assert!(
+                waiter.waited() >= Duration::from_millis(50) && waiter.waited() < LONG_WAIT,
+                "{waiter:?}"
+            );
+        }
+        guard.release().await.unwrap();
+        for wait in waits {
+            wait.await.unwrap().unwrap();
+        }
+        no_records(&backend, "report").await;
+    }
+}
+
+/// A wait cut short by its caller (its future dropped) leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_leaves_no_record() {
+    let server = RedisServer::start();
+    let holder = replica(&server, "holder").await;
+    let waiter = replica(&server, "waiter").await;
+    let _guard = holder.lock("job", Duration::from_secs(30)).await.unwrap();
+    let wait = tokio::time::timeout(
+        Duration::from_millis(400),
+        waiter.lock("job", Duration::from_secs(30)),
+    );
+    assert!(wait.await.is_err(), "still waiting when dropped");
+    let what = "the dropped waiter's record removed";
+    eventually_async(FORGOTTEN, what, || async {
+        holder.inspect("job").await.unwrap().unwrap().waiting() == 0
+    })
+    .await;
+    let waiters: i64 = server.cmd(&["EXISTS", &format!("{}:waiters", storage_key(PREFIX, "job"))]);
+    assert_eq!(waiters, 0, "the waiters set is gone");
+}
+
+/// No waiters set and no wait note of `key` is left (eventually: the
+/// removal runs in the background).
+async fn no_records(backend: &Backend, key: &str) {
+    let storage = storage_key(PREFIX, key);
+    let what = format!("no wait records of {key}");
+    eventually_async(FORGOTTEN, &what, || async {
+        let keys = [format!("{storage}:waiters"), format!("{storage}:waiting")];
+        keys.iter().all(|k| !backend.holds(k)) || matches!(backend, Backend::Memory(_))
+    })
+    .await;
+}
+
+fn name(backend: &Backend) -> &'static str {
+    match backend {
+        Backend::Memory(_) => "in memory",
+        Backend::Server(_) => "one server",
+        Backend::Cluster(_) => "cluster",
+        Backend::Redlock(_) => "redlock",
+    }
+}
