@@ -26,8 +26,9 @@ pub(crate) fn list(locks: &[LockState], json: bool, prefix: &str, pattern: Optio
         "HELD FOR".to_owned(),
         "REMAINING".to_owned(),
         "FENCING TOKEN".to_owned(),
+        "WAITING".to_owned(),
     ];
-    let rows: Vec<[String; 5]> = locks
+    let rows: Vec<[String; 6]> = locks
         .iter()
         .map(|s| {
             [
@@ -36,6 +37,7 @@ pub(crate) fn list(locks: &[LockState], json: bool, prefix: &str, pattern: Optio
                 duration_or(s.held_for(), "-"),
                 remaining_text(s),
                 s.fencing_token().map_or("-".to_owned(), |f| f.to_string()),
+                s.waiting().to_string(),
             ]
         })
         .collect();
@@ -76,6 +78,19 @@ pub(crate) fn show(state: &LockState, json: bool) {
         (None, None) => "none".to_owned(),
     };
     println!("fencing token: {fence}");
+    println!("waiting:       {}", waiting_text(state));
+    for waiter in state.waiters() {
+        println!("  {} for {}", waiter.holder(), human(waiter.waited()));
+    }
+}
+
+/// How many wait, as `show` says it.
+fn waiting_text(state: &LockState) -> String {
+    match state.waiting() {
+        0 => "nobody".to_owned(),
+        1 => "1 task".to_owned(),
+        n => format!("{n} tasks"),
+    }
 }
 
 /// `show` of a free key.
@@ -259,6 +274,12 @@ fn state_json(state: &LockState) -> Value {
         "fencing_token": state.fencing_token(),
         "term": term(state),
         "since": since(state),
+        "waiting": state.waiting(),
+        "waiters": state
+            .waiters()
+            .iter()
+            .map(|w| json!({"holder": w.holder(), "waited_ms": millis(w.waited())}))
+            .collect::<Vec<_>>(),
     })
 }
 

@@ -80,6 +80,41 @@ async fn list_and_show_name_the_holders() {
     assert_eq!(free["held"], false);
 }
 
+/// Waiters are shown: `show` names each one and how long it has waited,
+/// `list` counts them, `--json` gives both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_and_list_name_the_waiters() {
+    let server = RedisServer::start();
+    let holder = client(&server, "billing-7").await;
+    let _held = holder.lock("order:9", Duration::from_secs(30)).await.unwrap();
+    let waiter = client(&server, "refunds-2").await;
+    let waiting = tokio::spawn(async move {
+        let options = LockOptions::new(TTL).wait(Duration::from_secs(20));
+        waiter.lock_with("order:9", options).await.map(drop)
+    });
+    let started = std::time::Instant::now();
+    while holder.inspect("order:9").await.unwrap().unwrap().waiting() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = lockctl(&server, &["show", "order:9"]);
+    let shown = text(&out.stdout);
+    assert!(shown.contains("waiting:       1 task"), "{shown}");
+    assert!(shown.contains("  refunds-2 for "), "{shown}");
+    let out = lockctl(&server, &["list"]);
+    let table = text(&out.stdout);
+    let header = table.lines().next().unwrap();
+    assert!(header.ends_with("WAITING"), "{table}");
+    let row = table.lines().find(|l| l.starts_with("order:9")).unwrap();
+    assert!(row.ends_with(" 1"), "{table}");
+    let out = lockctl(&server, &["--json", "show", "order:9"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["waiting"], 1, "{json}");
+    assert_eq!(json["waiters"][0]["holder"], "refunds-2", "{json}");
+    assert!(json["waiters"][0]["waited_ms"].as_u64().unwrap() >= 50, "{json}");
+    waiting.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_refuses_without_a_terminal_and_breaks_with_force() {
     let server = RedisServer::start();

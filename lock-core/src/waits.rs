@@ -60,12 +60,14 @@ pub(crate) async fn watched<T>(
     if wait <= THRESHOLD {
         return acquisition.await;
     }
-    let deadline = Instant::now() + wait;
+    let started = Instant::now();
     let since_ms = inner.holder.server_now_ms();
     tokio::select! {
         biased;
         acquired = acquisition => acquired,
-        deadlock = watch(inner, keys, since_ms, deadline) => Err(deadlock),
+        deadlock = watch(inner, keys, since_ms, started + wait) => {
+            Err(deadlock.with_waited(started.elapsed()))
+        }
     }
 }
 
