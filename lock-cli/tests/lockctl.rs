@@ -86,7 +86,10 @@ async fn list_and_show_name_the_holders() {
 async fn show_and_list_name_the_waiters() {
     let server = RedisServer::start();
     let holder = client(&server, "billing-7").await;
-    let _held = holder.lock("order:9", Duration::from_secs(30)).await.unwrap();
+    let _held = holder
+        .lock("order:9", Duration::from_secs(30))
+        .await
+        .unwrap();
     let waiter = client(&server, "refunds-2").await;
     let waiting = tokio::spawn(async move {
         let options = LockOptions::new(TTL).wait(Duration::from_secs(20));
@@ -94,7 +97,10 @@ async fn show_and_list_name_the_waiters() {
     });
     let started = std::time::Instant::now();
     while holder.inspect("order:9").await.unwrap().unwrap().waiting() == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never recorded");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never recorded"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let out = lockctl(&server, &["show", "order:9"]);
@@ -111,7 +117,10 @@ async fn show_and_list_name_the_waiters() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["waiting"], 1, "{json}");
     assert_eq!(json["waiters"][0]["holder"], "refunds-2", "{json}");
-    assert!(json["waiters"][0]["waited_ms"].as_u64().unwrap() >= 50, "{json}");
+    assert!(
+        json["waiters"][0]["waited_ms"].as_u64().unwrap() >= 50,
+        "{json}"
+    );
     waiting.abort();
 }
 
