@@ -234,17 +234,25 @@ impl LockClient {
         // Counted while the acquisition is under way; dropped with it, even
         // when the caller drops this future while it waits.
         let _waiting = observe::Waiting::start(label);
+        let keys = [key];
         let wait = options.wait.unwrap_or(self.inner.default_wait);
+        // Who waits for whom, once the wait lasts (see `waits.rs`). The
+        // acquisition is written inside `select!`, where it is stored once.
+        let watch = waits::watch(&self.inner, &keys, wait);
         let acquired = async {
-            match options.mode {
-                Mode::Exclusive => self.inner.acquire_one(key, options, &attempts).await,
-                Mode::Shared | Mode::Permits(_) => {
-                    self.inner.acquire_shared(key, options, &attempts).await
-                }
+            tokio::select! {
+                biased;
+                acquired = async {
+                    match options.mode {
+                        Mode::Exclusive => self.inner.acquire_one(key, options, &attempts).await,
+                        Mode::Shared | Mode::Permits(_) => {
+                            self.inner.acquire_shared(key, options, &attempts).await
+                        }
+                    }
+                } => acquired,
+                deadlock = watch => Err(deadlock),
             }
         };
-        let keys = [key];
-        let acquired = waits::watched(&self.inner, &keys, wait, acquired);
         let result = acquired.instrument(span.clone()).await;
         observe::acquisition(
             &span,
@@ -322,10 +330,15 @@ impl LockClient {
         let label = options.label;
         let _waiting = observe::Waiting::start(label);
         let wait = options.wait.unwrap_or(self.inner.default_wait);
-        let acquired = self.inner.acquire_several(&keys, options, &attempts);
-        let result = waits::watched(&self.inner, &keys, wait, acquired)
-            .instrument(span.clone())
-            .await;
+        let watch = waits::watch(&self.inner, &keys, wait);
+        let acquired = async {
+            tokio::select! {
+                biased;
+                acquired = self.inner.acquire_several(&keys, options, &attempts) => acquired,
+                deadlock = watch => Err(deadlock),
+            }
+        };
+        let result = acquired.instrument(span.clone()).await;
         observe::acquisition(
             &span,
             result.as_ref().map(drop),

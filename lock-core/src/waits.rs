@@ -25,7 +25,6 @@ use crate::error::{ErrorKind, LockError};
 use crate::lease::{Lease, MIN_TTL, Scope};
 use crate::observe;
 use std::fmt::Write as _;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -47,39 +46,35 @@ const REFRESH: Duration = Duration::from_secs(1);
 /// The longest chain followed.
 const MAX_HOPS: usize = 16;
 
-/// Runs `acquisition` of `keys` (the caller's names), waiting at most
-/// `wait`, with its wait recorded once it has lasted [`THRESHOLD`]; fails
-/// it with [`ErrorKind::WouldDeadlock`] when it closes a cycle of waits and
-/// is the youngest wait in it. Waits too short to be recorded pay one timer.
-pub(crate) async fn watched<T>(
-    inner: &Arc<ClientInner>,
-    keys: &[&str],
-    wait: Duration,
-    acquisition: impl Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
+/// Watches an acquisition of `keys` (the caller's names) that waits at
+/// most `wait`: once it has waited [`THRESHOLD`], records the wait and
+/// follows the chain; completes only with the [`ErrorKind::WouldDeadlock`]
+/// error of a wait that closed a cycle and is its youngest. The caller
+/// races it against the acquisition (`select!`, the acquisition first) and
+/// drops it when the acquisition ends, which removes the records. Waits too
+/// short to be recorded pay one timer.
+pub(crate) async fn watch(inner: &Arc<ClientInner>, keys: &[&str], wait: Duration) -> LockError {
     if wait <= THRESHOLD {
-        return acquisition.await;
+        return std::future::pending().await;
     }
     let started = Instant::now();
     let since_ms = inner.holder.server_now_ms();
-    tokio::select! {
-        biased;
-        acquired = acquisition => acquired,
-        deadlock = watch(inner, keys, since_ms, started + wait) => {
-            Err(deadlock.with_waited(started.elapsed()))
-        }
-    }
+    tokio::time::sleep(THRESHOLD).await;
+    // Boxed: an acquisition that ends sooner carries only the timer, and
+    // nested annotated calls keep small futures on the stack.
+    let deadline = started + wait;
+    Box::pin(watch_recorded(inner, keys, since_ms, deadline))
+        .await
+        .with_waited(started.elapsed())
 }
 
-/// Records the wait and follows the chain until a cycle makes this wait
-/// its victim; never returns otherwise. Dropped, it removes its records.
-async fn watch(
+/// [`watch`] once the wait passed [`THRESHOLD`].
+async fn watch_recorded(
     inner: &Arc<ClientInner>,
     keys: &[&str],
     since_ms: i64,
     deadline: Instant,
 ) -> LockError {
-    tokio::time::sleep(THRESHOLD).await;
     let Some(mut me) = Waiting::new(inner, keys, since_ms) else {
         return std::future::pending().await;
     };

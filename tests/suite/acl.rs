@@ -31,6 +31,9 @@ const LOCK_CLIENT_RULES: &[&str] = &[
     "+unsubscribe",
     "+ping",
     "+type",
+    "+zadd",
+    "+zrem",
+    "+zremrangebyscore",
     "~acl:lock:*",
     "&acl:lock:*",
 ];
