@@ -167,9 +167,6 @@ async fn connect(args: &Args) -> Result<LockClient, String> {
     }
 }
 
-/// Writes one event on stdout, one line (a single write, so a killed
-/// worker never leaves half a line). Nobody to tell if that fails.
-
 struct Worker {
     args: Args,
     client: LockClient,

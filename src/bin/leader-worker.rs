@@ -181,9 +181,6 @@ async fn connect(args: &Args) -> Result<LockClient, String> {
     }
 }
 
-/// Writes one event on stdout, one line (a single write, so a killed
-/// worker never leaves half a line). Nobody to tell if that fails.
-
 /// How a leadership ended.
 enum Ended {
     /// Resigned when told: rest, then campaign again.

@@ -9,7 +9,8 @@ use super::register::{Answer, FencedRegister};
 use crate::TestkitError;
 
 /// Writes `event` as one line on stdout, where [`Workers`](super::Workers)
-/// reads it into the [`History`](super::History).
+/// reads it into the [`History`](super::History): a single write, so a
+/// killed worker never leaves half a line. Nobody to tell if it fails.
 pub fn emit(event: &Event) {
     let mut line = event.to_line();
     line.push('\n');
