@@ -18,10 +18,8 @@
 //! carries it.
 
 use lock_core::{ErrorKind, LockClient, LockError, LockGuard, LockOptions};
-use lock_testkit::jepsen::{
-    Acquired, Answer, Event, FencedRegister, OpKind, OpOutcome, Released, now_us,
-};
-use std::io::{Read, Write};
+use lock_testkit::jepsen::{Acquired, Answer, Event, OpKind, Released, Reporter, emit, now_us};
+use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -120,22 +118,16 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     let mut stop = stop_when_stdin_closes();
     let client = connect(&args).await?;
-    let register = FencedRegister::connect(&args.register, args.op_timeout * 4)
+    let reporter = Reporter::start(args.id, &args.register, args.op_timeout * 4)
         .await
         .map_err(|e| e.to_string())?;
-    emit(&Event::Started {
-        worker: args.id,
-        pid: std::process::id(),
-        at: now_us(),
-    });
     let deadline = Instant::now() + args.max_run;
     let mut worker = Worker {
         rng: Rng::new(args.seed ^ u64::from(args.id).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         args,
         client,
-        register,
+        reporter,
         lease: 0,
-        ops: 0,
     };
     while !*stop.borrow() && Instant::now() < deadline {
         worker.round(&mut stop).await;
@@ -175,22 +167,12 @@ async fn connect(args: &Args) -> Result<LockClient, String> {
     }
 }
 
-/// Writes one event on stdout, one line (a single write, so a killed
-/// worker never leaves half a line). Nobody to tell if that fails.
-fn emit(event: &Event) {
-    let mut line = event.to_line();
-    line.push('\n');
-    let _ = std::io::stdout().lock().write_all(line.as_bytes());
-}
-
 struct Worker {
     args: Args,
     client: LockClient,
-    register: FencedRegister,
+    reporter: Reporter,
     /// The number of the last lease asked for.
     lease: u32,
-    /// Register operations sent, for their tags.
-    ops: u64,
     rng: Rng,
 }
 
@@ -244,14 +226,19 @@ impl Worker {
             if self.noticed_loss(guard, lease) {
                 return;
             }
-            let Answer::Accepted(value) = self.operate(lease, OpKind::Read, token, 0).await else {
+            let Answer::Accepted(value) =
+                self.reporter.operate(lease, OpKind::Read, token, 0).await
+            else {
                 return;
             };
             // Computing the new value. A pause that lands between the check
             // and the write is the one no check can catch: the write goes
             // out when the process runs again, whatever happened meanwhile.
             tokio::time::sleep(self.args.think).await;
-            let written = self.operate(lease, OpKind::Write, token, value + 1).await;
+            let written = self
+                .reporter
+                .operate(lease, OpKind::Write, token, value + 1)
+                .await;
             if !matches!(written, Answer::Accepted(_)) {
                 return;
             }
@@ -262,43 +249,9 @@ impl Worker {
     fn noticed_loss(&self, guard: &LockGuard, lease: u32) -> bool {
         let lost = guard.is_lost();
         if lost {
-            emit(&Event::Lost {
-                worker: self.args.id,
-                lease,
-                at: now_us(),
-            });
+            self.reporter.lost(lease);
         }
         lost
-    }
-
-    /// One register operation, reported.
-    async fn operate(&mut self, lease: u32, op: OpKind, token: Option<u64>, value: i64) -> Answer {
-        self.ops += 1;
-        let tag = format!("w{}.{}", self.args.id, self.ops);
-        let start = now_us();
-        let answer = match op {
-            OpKind::Read => self.register.read(token, &tag).await,
-            OpKind::Write => self.register.write(token, value, &tag).await,
-        };
-        let end = now_us();
-        let written = (op == OpKind::Write).then_some(value);
-        let (outcome, value) = match answer {
-            Answer::Accepted(read) => (OpOutcome::Accepted, written.or(Some(read))),
-            Answer::Rejected { .. } => (OpOutcome::Rejected, written),
-            Answer::Unknown(_) => (OpOutcome::Unknown, written),
-        };
-        emit(&Event::Op {
-            worker: self.args.id,
-            lease,
-            op,
-            tag,
-            token,
-            start,
-            end,
-            value,
-            outcome,
-        });
-        answer
     }
 
     /// Releases the lease, reported.
@@ -310,13 +263,7 @@ impl Worker {
             Err(e) if e.kind() == ErrorKind::Lost => Released::NotOurs,
             Err(_) => Released::Failed,
         };
-        emit(&Event::Release {
-            worker: self.args.id,
-            lease,
-            start,
-            end: now_us(),
-            outcome,
-        });
+        self.reporter.released(lease, start, outcome);
     }
 }
 

@@ -19,10 +19,8 @@
 //! it leads, when its stdin closes.
 
 use lock_core::{ErrorKind, Leadership, LockClient, LockError};
-use lock_testkit::jepsen::{
-    Acquired, Answer, Event, FencedRegister, OpKind, OpOutcome, Released, now_us,
-};
-use std::io::{BufRead, Write};
+use lock_testkit::jepsen::{Acquired, Answer, Event, OpKind, Released, Reporter, emit, now_us};
+use std::io::BufRead;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -116,21 +114,15 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     let orders = read_orders();
     let client = connect(&args).await?;
-    let register = FencedRegister::connect(&args.register, args.op_timeout * 4)
+    let reporter = Reporter::start(args.id, &args.register, args.op_timeout * 4)
         .await
         .map_err(|e| e.to_string())?;
-    emit(&Event::Started {
-        worker: args.id,
-        pid: std::process::id(),
-        at: now_us(),
-    });
     let mut worker = Worker {
         args,
         client,
-        register,
+        reporter,
         orders,
         lease: 0,
-        ops: 0,
     };
     while !worker.stopped() {
         worker.round().await;
@@ -189,14 +181,6 @@ async fn connect(args: &Args) -> Result<LockClient, String> {
     }
 }
 
-/// Writes one event on stdout, one line (a single write, so a killed
-/// worker never leaves half a line). Nobody to tell if that fails.
-fn emit(event: &Event) {
-    let mut line = event.to_line();
-    line.push('\n');
-    let _ = std::io::stdout().lock().write_all(line.as_bytes());
-}
-
 /// How a leadership ended.
 enum Ended {
     /// Resigned when told: rest, then campaign again.
@@ -210,12 +194,10 @@ enum Ended {
 struct Worker {
     args: Args,
     client: LockClient,
-    register: FencedRegister,
+    reporter: Reporter,
     orders: Orders,
     /// The number of the last campaign, for the events' `lease`.
     lease: u32,
-    /// Register operations sent, for their tags.
-    ops: u64,
 }
 
 impl Worker {
@@ -295,53 +277,23 @@ impl Worker {
             return false;
         }
         let term = Some(leadership.term());
-        let Answer::Accepted(value) = self.operate(lease, OpKind::Read, term, 0).await else {
+        let Answer::Accepted(value) = self.reporter.operate(lease, OpKind::Read, term, 0).await
+        else {
             return false;
         };
         // Computing the new value. A pause that lands here is the one no
         // check can catch: the write goes out when the process runs again,
         // and only the term can get it refused.
         tokio::time::sleep(self.args.think).await;
-        let written = self.operate(lease, OpKind::Write, term, value + 1).await;
+        let written = self
+            .reporter
+            .operate(lease, OpKind::Write, term, value + 1)
+            .await;
         !matches!(written, Answer::Rejected { .. })
     }
 
     fn report_lost(&self, lease: u32) {
-        emit(&Event::Lost {
-            worker: self.args.id,
-            lease,
-            at: now_us(),
-        });
-    }
-
-    /// One register operation, reported.
-    async fn operate(&mut self, lease: u32, op: OpKind, token: Option<u64>, value: i64) -> Answer {
-        self.ops += 1;
-        let tag = format!("w{}.{}", self.args.id, self.ops);
-        let start = now_us();
-        let answer = match op {
-            OpKind::Read => self.register.read(token, &tag).await,
-            OpKind::Write => self.register.write(token, value, &tag).await,
-        };
-        let end = now_us();
-        let written = (op == OpKind::Write).then_some(value);
-        let (outcome, value) = match answer {
-            Answer::Accepted(read) => (OpOutcome::Accepted, written.or(Some(read))),
-            Answer::Rejected { .. } => (OpOutcome::Rejected, written),
-            Answer::Unknown(_) => (OpOutcome::Unknown, written),
-        };
-        emit(&Event::Op {
-            worker: self.args.id,
-            lease,
-            op,
-            tag,
-            token,
-            start,
-            end,
-            value,
-            outcome,
-        });
-        answer
+        self.reporter.lost(lease);
     }
 
     /// Resigns, reported: `start` is when the resignation was called.
@@ -353,13 +305,7 @@ impl Worker {
             Err(e) if e.kind() == ErrorKind::Lost => Released::NotOurs,
             Err(_) => Released::Failed,
         };
-        emit(&Event::Release {
-            worker: self.args.id,
-            lease,
-            start,
-            end: now_us(),
-            outcome,
-        });
+        self.reporter.released(lease, start, outcome);
     }
 }
 

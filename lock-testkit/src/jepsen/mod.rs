@@ -12,6 +12,8 @@
 //!   builds, each writing one [`Event`] per line on its stdout into a
 //!   shared [`History`]; they can be paused, resumed and killed, and are
 //!   told to stop by closing their stdin.
+//! - [`Reporter`]: a worker's side: its register operations and the ends
+//!   of its leases, reported as events on stdout ([`emit`]).
 //! - [`check`]: what a history and the register's final state show
 //!   ([`Report`]): operations, stale tokens refused, lost updates,
 //!   takeovers and overlaps of leases, waits, and broken invariants.
@@ -20,10 +22,12 @@
 mod check;
 mod history;
 mod register;
+mod reporter;
 pub mod table;
 mod workers;
 
 pub use check::{Report, calls_ended_within, check};
 pub use history::{Acquired, Event, History, OpKind, OpOutcome, Released, now_us};
 pub use register::{Answer, FencedRegister, LOG_KEY, LogEntry, REGISTER_KEY, RegisterState};
+pub use reporter::{Reporter, emit};
 pub use workers::Workers;
