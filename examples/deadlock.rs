@@ -27,7 +27,7 @@ mod redis_for_example;
 
 /// Where the replicas' locks live.
 const PREFIX: &str = "deadlock-example:";
-/// The promise: the victim fails within a second of the cycle closing.
+/// What lock-core promises: the victim fails within a second of the cycle closing.
 const PROMISED: Duration = Duration::from_secs(1);
 /// How long the example waits for any one step before it calls it broken.
 const STEP: Duration = Duration::from_secs(5);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_deadlock-worker");
 
-/// The bound: the victim fails within a second of the cycle closing.
+/// The promised bound: the victim fails within a second of the cycle closing.
 const DETECTED: Duration = Duration::from_secs(1);
 /// The workers' wait: only a detected cycle ends it sooner.
 const WAIT: Duration = Duration::from_secs(30);
@@ -164,7 +164,7 @@ fn single(server: &RedisServer) -> Servers {
     }
 }
 
-/// The two replicas, `charge(order 42)` → `debit(account 7)` and
+/// Two replicas, `charge(order 42)` → `debit(account 7)` and
 /// `refund(account 7)` → `restore(order 42)`: on one server, on a cluster
 /// and on Redlock.
 #[test]

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 const PREFIX: &str = "deadlock:";
 
-/// The bound: the victim fails within a second of the cycle
+/// The promised bound: the victim fails within a second of the cycle
 /// closing (the detection itself takes 50 to 300 ms).
 const DETECTED: Duration = Duration::from_secs(1);
 
@@ -143,7 +143,7 @@ fn one_victim(outcomes: &[Outcome], closed: Instant, keys: &[&str]) -> (String, 
 }
 
 /// Two replicas, each holding one key and asking for the other's: the
-/// issue's `charge(order 42)` → `debit(account 7)` against `refund(account
+/// `charge(order 42)` → `debit(account 7)` against `refund(account
 /// 7)` → `restore(order 42)`, on each backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_owners_in_a_cycle_one_gives_up_within_a_second() {
