@@ -10,7 +10,8 @@
 //! [`RECORD_TTL`] and never past the end of the wait; it is refreshed while
 //! the wait goes on and removed when the wait ends, however it ends.
 //!
-//! A waiter that holds locks also follows the chain every [`TICK`]: the key
+//! A waiter that holds locks also follows the chain, [`FIRST_TICK`] after
+//! its first look and then every [`TICK`]: the key
 //! it waits for is held by a token; the note beside that key, when it is
 //! that token's, says what its holder waits for; and so on, until a key with
 //! no such note (no cycle) or a key this task holds (a cycle). In a cycle
@@ -26,6 +27,7 @@ use crate::lease::{Lease, MIN_TTL, Scope};
 use crate::observe;
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -35,6 +37,11 @@ pub(crate) const THRESHOLD: Duration = Duration::from_millis(50);
 
 /// How often a waiter that holds locks follows the chain.
 const TICK: Duration = Duration::from_millis(200);
+
+/// The first pause between walks, shorter: owners that began to wait at
+/// the same moment each walk before the others' records are written, and
+/// their second walk finds the cycle.
+const FIRST_TICK: Duration = Duration::from_millis(50);
 
 /// How long a record lasts unless refreshed: a waiter that crashed leaves
 /// its records this long at most.
@@ -51,17 +58,29 @@ const MAX_HOPS: usize = 16;
 /// follows the chain; completes only with the [`ErrorKind::WouldDeadlock`]
 /// error of a wait that closed a cycle and is its youngest. The caller
 /// races it against the acquisition (`select!`, the acquisition first) and
-/// drops it when the acquisition ends, which removes the records. Waits too
-/// short to be recorded pay one timer.
+/// drops it when the acquisition ends, which removes the records.
+///
+/// Until [`THRESHOLD`] it has no timer of its own (a timer per acquisition
+/// would cost the bench's short contended waits a tenth of their rate): it
+/// reads the clock each time it is polled, and every wait of the
+/// acquisition wakes its task at the threshold (`Request::check_at` in
+/// `acquire/`), which polls it. A wait shorter than that costs a clock
+/// read per poll.
 pub(crate) async fn watch(inner: &Arc<ClientInner>, keys: &[&str], wait: Duration) -> LockError {
     if wait <= THRESHOLD {
         return std::future::pending().await;
     }
     let started = Instant::now();
-    let since_ms = inner.holder.server_now_ms();
-    tokio::time::sleep(THRESHOLD).await;
-    // Boxed: an acquisition that ends sooner carries only the timer, and
-    // nested annotated calls keep small futures on the stack.
+    let check_at = started + THRESHOLD;
+    std::future::poll_fn(|_| match Instant::now() >= check_at {
+        true => Poll::Ready(()),
+        false => Poll::Pending,
+    })
+    .await;
+    let waited_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    let since_ms = inner.holder.server_now_ms().saturating_sub(waited_ms);
+    // Boxed: an acquisition that ends sooner carries none of it, and nested
+    // annotated calls keep small futures on the stack.
     let deadline = started + wait;
     Box::pin(watch_recorded(inner, keys, since_ms, deadline))
         .await
@@ -80,6 +99,7 @@ async fn watch_recorded(
     };
     let mut records = Records::new(inner, &me);
     let mut refreshed: Option<Instant> = None;
+    let mut tick = FIRST_TICK;
     loop {
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
@@ -112,7 +132,8 @@ async fn watch_recorded(
         {
             return cycle.error(&me);
         }
-        tokio::time::sleep(TICK.min(left)).await;
+        tokio::time::sleep(tick.min(left)).await;
+        tick = TICK;
     }
 }
 

@@ -157,6 +157,16 @@ fn one_victim(servers: &Servers, ends: &[(String, String, Instant)], closed: Ins
     took
 }
 
+/// A client of the test itself on the workers' keys.
+async fn observer(server: &RedisServer) -> LockClient {
+    LockClient::builder()
+        .url(server.url())
+        .key_prefix("deadlock:")
+        .build()
+        .await
+        .unwrap()
+}
+
 fn single(server: &RedisServer) -> Servers {
     Servers {
         mode: "single",
@@ -221,12 +231,7 @@ fn three_replicas_in_a_cycle_one_gives_up() {
 async fn a_chain_of_replicas_without_a_cycle_completes() {
     let server = RedisServer::start();
     let servers = single(&server);
-    let test = LockClient::builder()
-        .url(server.url())
-        .key_prefix("deadlock:")
-        .build()
-        .await
-        .unwrap();
+    let test = observer(&server).await;
     let end = test.lock("end:4", Duration::from_secs(30)).await.unwrap();
     let letting_go = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -254,12 +259,7 @@ async fn a_chain_of_replicas_without_a_cycle_completes() {
 async fn a_replica_killed_while_waiting_causes_no_false_cycle() {
     let server = RedisServer::start();
     let servers = single(&server);
-    let observer = LockClient::builder()
-        .url(server.url())
-        .key_prefix("deadlock:")
-        .build()
-        .await
-        .unwrap();
+    let observer = observer(&server).await;
     let ttl = Duration::from_secs(5);
     let mut doomed = Worker::start(&servers, "doomed", "k:1", "k:2", ttl);
     let mut survivor = Worker::start(&servers, "survivor", "k:2", "k:1", ttl);

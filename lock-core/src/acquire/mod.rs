@@ -44,6 +44,7 @@ impl ClientInner {
         let fence_key = options.fencing.then(|| fence_key(&storage_key));
         let started = Instant::now();
         let deadline = started + wait;
+        let check_at = started + crate::waits::THRESHOLD;
         let call_bound = inner.backend.call_bound(ttl, inner.op_timeout);
         Ok(Request {
             key,
@@ -56,6 +57,7 @@ impl ClientInner {
             label: options.label,
             started,
             deadline,
+            check_at,
             call_bound,
             end: deadline + call_bound,
         })
@@ -90,7 +92,8 @@ impl ClientInner {
                 key,
                 handoff,
             };
-            match waiter.wait(holder, ahead, request.deadline, until).await {
+            let wakes = (request.check_at, request.deadline);
+            match waiter.wait(holder, ahead, wakes, until).await {
                 Waited::TimedOut => return Err(request.contended()),
                 Waited::Front(owner, handoff) => return Ok((owner, handoff)),
                 Waited::Again => continue,
@@ -185,11 +188,23 @@ impl ClientInner {
             attempt = attempt.saturating_add(1);
             observe::retry(request.key, attempt, pause);
             promise(pause);
-            match released.as_mut().as_pin_mut() {
-                Some(released) => {
-                    let _ = tokio::time::timeout(pause, released).await;
+            let now = Instant::now();
+            let pause_end = now + pause;
+            // Woken at the wait's check too (see `Request::check_at`),
+            // then on to the end of the pause.
+            let mut wake_at = request.check_at.max(now).min(pause_end);
+            loop {
+                let heard = match released.as_mut().as_pin_mut() {
+                    Some(released) => tokio::time::timeout_at(wake_at, released).await.is_ok(),
+                    None => {
+                        tokio::time::sleep_until(wake_at).await;
+                        false
+                    }
+                };
+                if heard || wake_at >= pause_end {
+                    break;
                 }
-                None => tokio::time::sleep(pause).await,
+                wake_at = pause_end;
             }
         }
     }
@@ -240,6 +255,10 @@ pub(crate) struct Request<'k> {
     pub(crate) started: Instant,
     /// When the wait runs out: no attempt starts later.
     pub(crate) deadline: Instant,
+    /// When a wait still under way is recorded (`waits.rs`): every wait of
+    /// the acquisition wakes by then, so that the watch beside it, which
+    /// has no timer of its own, sees the time pass.
+    pub(crate) check_at: Instant,
     /// How long one call may wait on the servers.
     call_bound: Duration,
     /// The deadline plus one call's bound: nothing waits on Redis past it.
@@ -484,26 +503,36 @@ struct Waiter<'a> {
 impl Waiter<'_> {
     /// Waits behind the task ahead until it hands over, or until its lease
     /// is lost or it let its promise pass (then moves up front itself,
-    /// promising `until`), or until `deadline`.
+    /// promising `until`), or until the deadline. `wakes`: the wait's check
+    /// (see `Request::check_at`), when the task wakes once and waits on,
+    /// and the deadline.
     async fn wait(
         mut self,
         holder: Option<Arc<Lease>>,
         ahead: Owner,
-        deadline: Instant,
+        (check_at, deadline): (Instant, Instant),
         until: Instant,
     ) -> Waited {
         let queues = &self.inner.queues;
         let waited = queues.wait_behind(self.key, ahead, holder, &mut self.handoff, until);
-        match tokio::time::timeout_at(deadline, waited).await {
-            Err(_) => Waited::TimedOut,
-            Ok(Ok(None)) => Waited::Again,
-            Ok(Ok(Some(handoff))) => {
+        let mut waited = std::pin::pin!(waited);
+        let mut wake_at = check_at.min(deadline);
+        let outcome = loop {
+            match tokio::time::timeout_at(wake_at, waited.as_mut()).await {
+                Err(_) if wake_at < deadline => wake_at = deadline,
+                Err(_) => return Waited::TimedOut,
+                Ok(outcome) => break outcome,
+            }
+        };
+        match outcome {
+            Ok(None) => Waited::Again,
+            Ok(Some(handoff)) => {
                 let owner = match &handoff {
                     Handoff::Lease(_, owner) | Handoff::Free { owner, .. } => *owner,
                 };
                 Waited::Front(owner, Some(handoff))
             }
-            Ok(Err(owner)) => Waited::Front(owner, None),
+            Err(owner) => Waited::Front(owner, None),
         }
     }
 }

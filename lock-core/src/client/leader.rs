@@ -245,7 +245,8 @@ impl LockClient {
     /// leader's expiry at the expiry. While a leader holds and nothing
     /// changes, Redis is asked once per remaining lease (about once a ttl);
     /// while nobody leads, at pauses that grow from 5 ms to the last
-    /// leader's ttl. A read that fails is tried again after a pause.
+    /// leader's ttl. A read that fails is tried again after a pause. The
+    /// states carry no waiters ([`LockClient::inspect`] reads them).
     ///
     /// ```
     /// use futures::StreamExt;
@@ -310,7 +311,7 @@ impl Watch {
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
-            let pause = match self.client.inspect(&self.key).await {
+            let pause = match self.client.inspect_with(&self.key, false).await {
                 Ok(state) => {
                     failures = 0;
                     let seen = state

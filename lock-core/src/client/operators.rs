@@ -233,8 +233,9 @@ pub struct LockPage {
 impl LockClient {
     /// What holds the lock `key` now; `Ok(None)` when it is free.
     ///
-    /// One script call (`GET`, `PTTL`, `TIME`, and `ZCOUNT` for shared
-    /// holders and permits), bounded by the operation timeout. A key of
+    /// Two script calls sent together: one reads the key (`GET`, `PTTL`,
+    /// `TIME`, and `ZCOUNT` for shared holders and permits), the other its
+    /// waiters ([`LockState::waiters`]); bounded by the operation timeout. A key of
     /// another Redis type is reported with [`LockKind::Foreign`].
     ///
     /// ```
@@ -252,14 +253,30 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn inspect(&self, key: &str) -> Result<Option<LockState>, LockError> {
+        self.inspect_with(key, true).await
+    }
+
+    /// [`inspect`](Self::inspect), reading the key's waiters only with
+    /// `waiters` (a second script call, beside the first).
+    pub(crate) async fn inspect_with(
+        &self,
+        key: &str,
+        waiters: bool,
+    ) -> Result<Option<LockState>, LockError> {
         let inner = &self.inner;
         let keys = KeyNames::of(inner, key)?;
         let waiters_key = crate::waits::waiters_key(&keys.lock);
+        let listed = async {
+            match waiters {
+                true => inner.backend.waiters(&waiters_key, inner.op_timeout).await,
+                false => Ok(Default::default()),
+            }
+        };
         let (raw, waiters) = futures::future::join(
             inner
                 .backend
                 .inspect(&keys.operator_keys(), inner.op_timeout),
-            inner.backend.waiters(&waiters_key, inner.op_timeout),
+            listed,
         )
         .await;
         let raw = raw.map_err(|e| e.with_key(key))?;
