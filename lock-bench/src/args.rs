@@ -16,7 +16,7 @@ USAGE:
 OPTIONS:
     --seconds N       measured time per row, in seconds (default 5)
     --only LIST       workloads to run, comma-separated:
-                      W1,W2,W3,W3p,W4,W5,W6,W7,W8,W9,W10 (default: all)
+                      W1,W2,W3,W3p,W4,W5,W6,W7,W8,W9,W10,W11 (default: all)
     --out DIR         where the CSV, JSON and text copies of the table go
                       (default: target/lock-bench)
     --w5-seconds N    how long W5 holds its locks (default 30)
@@ -29,6 +29,7 @@ OPTIONS:
     --w10-resignations N
                       leaders resigning per W10 resignation row (default 200)
     --w10-crashes N   leaders killed per W10 crash row (default 30)
+    --w11-cycles N    deadlocks (cycles of two owners) per W11 row (default 30)
     --impls LIST      rows of W1, W2, W4 and W8 to run, comma-separated: floor,
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
@@ -63,6 +64,8 @@ pub struct Options {
     pub w10_resignations: usize,
     /// Crashes per W10 crash row.
     pub w10_crashes: usize,
+    /// Deadlocks (cycles of two owners) per W11 row.
+    pub w11_cycles: usize,
 }
 
 /// Arguments of the hidden holder mode (a W7 child process, killed while
@@ -150,6 +153,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         w7_rounds: 30,
         w10_resignations: 200,
         w10_crashes: 30,
+        w11_cycles: 30,
     };
     let mut worker: Option<WorkerArgs> = None;
     while let Some(arg) = args.next() {
@@ -169,6 +173,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
                 options.w10_resignations = count(&value("--w10-resignations")?)?;
             }
             "--w10-crashes" => options.w10_crashes = count(&value("--w10-crashes")?)?,
+            "--w11-cycles" => options.w11_cycles = count(&value("--w11-cycles")?)?,
             HOLDER_FLAG | LEADER_FLAG => return hidden(&arg, &mut args),
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
@@ -266,7 +271,7 @@ fn workloads(text: &str) -> BenchResult<Vec<WorkloadId>> {
         WorkloadId::parse,
         "--only",
         "workload",
-        "W1, W2, W3, W3p, W4, W5, W6, W7, W8, W9 or W10",
+        "W1, W2, W3, W3p, W4, W5, W6, W7, W8, W9, W10 or W11",
     )
 }
 
@@ -360,8 +365,10 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        assert!(parse_strs(&["--only", "W11"]).is_err());
+        assert!(parse_strs(&["--only", "W12"]).is_err());
         assert!(parse_strs(&["--w10-crashes", "0"]).is_err());
+        assert!(parse_strs(&["--w11-cycles", "0"]).is_err());
+        assert!(parse_strs(&["--w11-cycles"]).is_err());
         assert!(parse_strs(&["--w10-leader", "guard", "redis://x", "k", "r"]).is_err());
         assert!(parse_strs(&["--w7-rounds", "0"]).is_err());
         assert!(parse_strs(&["--w7-holder", "guard", "redis://x"]).is_err());
@@ -400,6 +407,21 @@ mod tests {
             panic!("no arguments is a run");
         };
         assert_eq!((defaults.w10_resignations, defaults.w10_crashes), (200, 30));
+    }
+
+    #[test]
+    fn w11_is_a_workload_with_its_cycles() {
+        let Ok(Command::Run(options)) = parse_strs(&["--only", "w11,W3", "--w11-cycles", "7"])
+        else {
+            panic!("valid arguments");
+        };
+        assert_eq!(options.only, vec![WorkloadId::W3, WorkloadId::W11]);
+        assert_eq!(options.w11_cycles, 7);
+        let Ok(Command::Run(defaults)) = parse_strs(&[]) else {
+            panic!("no arguments is a run");
+        };
+        assert_eq!(defaults.w11_cycles, 30);
+        assert_eq!(defaults.only.last(), Some(&WorkloadId::W11));
     }
 
     #[test]

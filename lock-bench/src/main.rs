@@ -17,10 +17,10 @@
 //! Modules: [`args`] (options and flags), [`servers`] (the redis-server
 //! processes and admin commands), [`minimum`] (the hand-written lock),
 //! [`contenders`] (the implementations behind one interface), [`table`]
-//! (workload ids, rows, row labels), [`workloads`] (W1-W10 and their loops;
-//! W7 and W10 re-execute the bench as a holder or leader they kill), [`stats`] (percentiles,
-//! merged acquisition records, clocks), [`sysinfo`] (`/proc`), [`report`]
-//! (table, CSV, JSON, ratios).
+//! (workload ids, rows, row labels), [`workloads`] (W1-W11 and their loops;
+//! W7 and W10 re-execute the bench as a holder or leader they kill),
+//! [`stats`] (percentiles, merged acquisition records, clocks), [`sysinfo`]
+//! (`/proc`), [`report`] (table, CSV, JSON, ratios).
 //!
 //! rslock is a normal dependency, not behind a feature: its `tokio-comp`
 //! feature turns on redis' rustls support (rustls, ring,
@@ -147,6 +147,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         w7_rounds: options.w7_rounds,
         w10_resignations: options.w10_resignations,
         w10_crashes: options.w10_crashes,
+        w11_cycles: options.w11_cycles,
     };
     let mut results = Vec::new();
     for id in &options.only {
@@ -162,6 +163,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             WorkloadId::W8 => workloads::w8::run(&ctx).await?,
             WorkloadId::W9 => workloads::w9::run(&ctx).await?,
             WorkloadId::W10 => workloads::w10::run(&ctx).await?,
+            WorkloadId::W11 => workloads::w11::run(&ctx).await?,
         };
         results.push(result);
     }

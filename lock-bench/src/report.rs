@@ -88,6 +88,9 @@ impl Report {
             if w.id == WorkloadId::W10 {
                 out.failover(w);
             }
+            if w.id == WorkloadId::W11 {
+                out.deadlock(w);
+            }
         }
         if let Some(w3p) = self.workload(WorkloadId::W3p)
             && let Some(w3) = self.workload(WorkloadId::W3)
@@ -149,7 +152,8 @@ impl Report {
         let _ = writeln!(
             out,
             "{} s measured per row; rate = per second; µs columns are the cycle time \
-             (W1, W2, W4, W6, W8), the wait for the lock (W3, W3p, W9) or the takeover lag (W7)\n",
+             (W1, W2, W4, W6, W8), the wait for the lock (W3, W3p, W9), the takeover lag (W7), \
+             the failover time (W10) or the deadlock detection time (W11)\n",
             trim_number(self.seconds)
         );
         out.push_str(&self.table());
@@ -596,6 +600,26 @@ impl Ratios {
         }
     }
 
+    /// W11: how soon the victim of a cycle of waits fails, in ms; the
+    /// bound on the p99 is the one the detection promises (a second).
+    fn deadlock(&mut self, w: &WorkloadResult) {
+        use crate::table::DEADLOCK_LABEL;
+        let row = w.labelled(DEADLOCK_LABEL);
+        let ms = |us: Option<f64>| us.map(|us| us / 1_000.0);
+        self.push(
+            w.id,
+            "lock-core, victim's WouldDeadlock after the cycle closed, p50, ms".to_owned(),
+            ms(row.and_then(|r| r.p50_us)),
+            None,
+        );
+        self.push(
+            w.id,
+            "lock-core, victim's WouldDeadlock after the cycle closed, p99, ms".to_owned(),
+            ms(row.and_then(|r| r.p99_us)),
+            Some(Target::AtMost(1_000.0)),
+        );
+    }
+
     /// W3, W3p: owner switches and the longest wait against rslock's.
     fn contended(&mut self, w: &WorkloadResult) {
         let switches = |imp| w.row(imp).and_then(|r| r.switches_per_s);
@@ -958,6 +982,40 @@ mod tests {
         assert!(ratios.iter().all(|r| !r.name.contains("kill")));
         assert!(ratios.iter().all(|r| !r.name.contains("/s")));
         assert!(report.render().contains("W10  failover"));
+    }
+
+    #[test]
+    fn deadlock_detection_is_printed_in_ms_with_its_bound() {
+        use crate::table::DEADLOCK_LABEL;
+        let mut row = Row::new(Impl::Attribute, "deadlocks");
+        row.label = Some(DEADLOCK_LABEL);
+        row.p50_us = Some(120_000.0);
+        row.p99_us = Some(310_000.0);
+        let report = Report {
+            machine: Machine::default(),
+            seconds: 1.0,
+            workloads: vec![WorkloadResult {
+                id: WorkloadId::W11,
+                title: "deadlock",
+                params: String::new(),
+                rows: vec![row],
+            }],
+        };
+        let ratios = report.ratios();
+        let find = |name: &str| find(&ratios, name);
+        assert_eq!(
+            find("lock-core, victim's WouldDeadlock after the cycle closed, p50, ms"),
+            Some((120.0, None))
+        );
+        assert_eq!(
+            find("lock-core, victim's WouldDeadlock after the cycle closed, p99, ms"),
+            Some((310.0, Some(Target::AtMost(1_000.0))))
+        );
+        assert_eq!(ratios.len(), 2);
+        let text = report.render();
+        assert!(text.contains("W11  deadlock"));
+        assert!(text.contains(DEADLOCK_LABEL));
+        assert!(text.contains("target <= 1000: met"));
     }
 
     #[test]

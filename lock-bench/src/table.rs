@@ -1,8 +1,8 @@
 //! The table's types: which workload a result belongs to, one row of
 //! figures, one workload's rows, and the labels of the rows that are not
-//! named after their implementation (W7, W8, W9, W10). The workloads fill them
-//! in and the report prints them and finds rows by them; this module uses
-//! neither.
+//! named after their implementation (W7, W8, W9, W10, W11). The workloads
+//! fill them in and the report prints them and finds rows by them; this
+//! module uses neither.
 
 use crate::contenders::Impl;
 
@@ -31,11 +31,13 @@ pub enum WorkloadId {
     W9,
     /// Failover of an election's leader.
     W10,
+    /// Deadlock detection: two owners in a cycle.
+    W11,
 }
 
 impl WorkloadId {
     /// Every workload, in table order.
-    pub const ALL: [WorkloadId; 11] = [
+    pub const ALL: [WorkloadId; 12] = [
         WorkloadId::W1,
         WorkloadId::W2,
         WorkloadId::W3,
@@ -47,6 +49,7 @@ impl WorkloadId {
         WorkloadId::W8,
         WorkloadId::W9,
         WorkloadId::W10,
+        WorkloadId::W11,
     ];
 
     /// `W1`, ..., `W3p`, ...
@@ -63,6 +66,7 @@ impl WorkloadId {
             WorkloadId::W8 => "W8",
             WorkloadId::W9 => "W9",
             WorkloadId::W10 => "W10",
+            WorkloadId::W11 => "W11",
         }
     }
 
@@ -221,6 +225,9 @@ pub const RSLOCK_KILLED: &str = "rslock loop: crash (kill)";
 /// W10: the rslock loop, from the crashed leader's lease expiry.
 pub const RSLOCK_EXPIRED: &str = "rslock loop: crash (expiry)";
 
+/// W11: lock-core's row, two owners in a cycle of waits.
+pub const DEADLOCK_LABEL: &str = "lock-core: 2 owners in a cycle";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +240,7 @@ mod tests {
         assert_eq!(WorkloadId::parse("w3P"), Some(WorkloadId::W3p));
         assert_eq!(WorkloadId::parse("w7"), Some(WorkloadId::W7));
         assert_eq!(WorkloadId::parse("w10"), Some(WorkloadId::W10));
-        assert_eq!(WorkloadId::parse("W11"), None);
+        assert_eq!(WorkloadId::parse("w11"), Some(WorkloadId::W11));
+        assert_eq!(WorkloadId::parse("W12"), None);
     }
 }

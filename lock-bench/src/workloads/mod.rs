@@ -13,11 +13,13 @@
 //! | W8 | 64 tasks, each locking 2 random accounts of 1,000 at once (`lock_all`) |
 //! | W9 | 8 shared readers and 1 exclusive writer on one key |
 //! | W10 | failover: the next leader's first write after a resignation or a crash |
+//! | W11 | deadlock: two owners in a cycle of waits, until the victim's `WouldDeadlock` |
 
 mod campaign;
 mod killable;
 pub mod w1;
 pub mod w10;
+pub mod w11;
 pub mod w2;
 pub mod w3;
 pub mod w3p;
@@ -65,6 +67,8 @@ pub struct Context {
     pub w10_resignations: usize,
     /// Crashes per W10 crash row.
     pub w10_crashes: usize,
+    /// Deadlocks per W11 row.
+    pub w11_cycles: usize,
 }
 
 impl Context {
