@@ -24,9 +24,12 @@
 //! wait and returns an [`ErrorKind::Contended`] error when it runs out. A
 //! waiter does not poll: it hears the holder's release through Redis
 //! pub/sub, and tasks of one process waiting for the same key queue in order
-//! and can be handed the lease directly. With three or more independent
-//! servers ([`LockClientBuilder::urls`]) locks are held on a majority of them
-//! (Redlock). Every failure is a [`LockError`] whose [`ErrorKind`] tells
+//! and can be handed the lease directly. A wait that lasts is recorded in
+//! Redis, for operators ([`LockState::waiters`]) and to find deadlocks
+//! across processes: when waits form a cycle, the youngest of them fails
+//! with [`ErrorKind::WouldDeadlock`] and the others proceed. With three or
+//! more independent servers ([`LockClientBuilder::urls`]) locks are held on
+//! a majority of them (Redlock). Every failure is a [`LockError`] whose [`ErrorKind`] tells
 //! contention, loss, unreachable servers and bad input apart.
 //!
 //! The guard API, here on the in-memory backend (the same calls work on
