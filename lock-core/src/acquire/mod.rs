@@ -188,24 +188,7 @@ impl ClientInner {
             attempt = attempt.saturating_add(1);
             observe::retry(request.key, attempt, pause);
             promise(pause);
-            let now = Instant::now();
-            let pause_end = now + pause;
-            // Woken at the wait's check too (see `Request::check_at`),
-            // then on to the end of the pause.
-            let mut wake_at = request.check_at.max(now).min(pause_end);
-            loop {
-                let heard = match released.as_mut().as_pin_mut() {
-                    Some(released) => tokio::time::timeout_at(wake_at, released).await.is_ok(),
-                    None => {
-                        tokio::time::sleep_until(wake_at).await;
-                        false
-                    }
-                };
-                if heard || wake_at >= pause_end {
-                    break;
-                }
-                wake_at = pause_end;
-            }
+            pause_or_hear(released.as_mut(), request.check_at, pause).await;
         }
     }
 
@@ -236,6 +219,32 @@ impl ClientInner {
         LockError::new(ErrorKind::Contended)
             .with_key(request.key)
             .with_waited(waited)
+    }
+}
+
+/// Sleeps for `pause`, or until `released` (the release message of the key
+/// found held, when listening) comes. The task wakes at `check_at` on the
+/// way, when it falls inside the pause (see [`Request::check_at`]).
+async fn pause_or_hear<F: std::future::Future>(
+    mut released: std::pin::Pin<&mut Option<F>>,
+    check_at: Instant,
+    pause: Duration,
+) {
+    let now = Instant::now();
+    let pause_end = now + pause;
+    let mut wake_at = check_at.max(now).min(pause_end);
+    loop {
+        let heard = match released.as_mut().as_pin_mut() {
+            Some(released) => tokio::time::timeout_at(wake_at, released).await.is_ok(),
+            None => {
+                tokio::time::sleep_until(wake_at).await;
+                false
+            }
+        };
+        if heard || wake_at >= pause_end {
+            return;
+        }
+        wake_at = pause_end;
     }
 }
 
