@@ -268,11 +268,29 @@ async fn a_frozen_redlock_server_costs_a_contended_wait_at_most_its_node_timeout
             .operation_timeout(Duration::from_secs(2))
             .node_timeout(node_timeout)
     };
-    let holder = client_with(&servers, settings()).await;
+    // The holder's calls get a bound a loaded machine cannot miss: what is
+    // measured here is the waiter's, and the test needs the lease on all
+    // three servers before one freezes. With 100 ms, a holder's first call
+    // (which connects) can time out on one server and win on the other
+    // two; freezing one of those leaves the lease on one live server, and
+    // the release rightly finds it no longer held on a majority.
+    let holder = client_with(&servers, settings().node_timeout(Duration::from_secs(2))).await;
     let waiter = client_with(&servers, settings()).await;
+    holder.ping().await.unwrap();
     waiter.ping().await.unwrap();
     let ttl = Duration::from_secs(10);
     let held = holder.lock("k", ttl).await.unwrap();
+    let key = storage_key(PREFIX, "k");
+    eventually(
+        Duration::from_secs(5),
+        "the lease is on every server",
+        || {
+            servers
+                .iter()
+                .all(|s| s.cmd::<Option<String>>(&["GET", &key]).is_some())
+        },
+    )
+    .await;
     let _frozen = servers[2].pause();
     let margin = Duration::from_millis(300);
 
@@ -304,9 +322,8 @@ async fn a_frozen_redlock_server_costs_a_contended_wait_at_most_its_node_timeout
         (guard, started.elapsed())
     });
     // The waiter listens for the release once it found the key held.
-    let channel = storage_key(PREFIX, "k");
     eventually(Duration::from_secs(5), "the waiter subscribes", || {
-        subscribers(&servers[0], &channel) > 0
+        subscribers(&servers[0], &key) > 0
     })
     .await;
     let released = Instant::now();
