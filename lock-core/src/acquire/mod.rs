@@ -123,6 +123,7 @@ impl ClientInner {
         let mut listening: Option<Arc<str>> = None;
         let mut subscribe = false;
         let mut retry = false;
+        let mut came_back_at_once = false;
         loop {
             if std::mem::take(&mut subscribe)
                 && let Some(key) = &listening
@@ -140,11 +141,15 @@ impl ClientInner {
             }
             attempts.fetch_add(1, Ordering::Relaxed);
             promise(request.limit(inner.op_timeout));
-            let (mut free_in, mut foreign) = (None, false);
+            let (mut free_in, mut foreign, mut ahead) = (None, false, false);
             let last_error = match contender.attempt(retry).await {
                 Ok(won) => return Ok(won),
                 Err(Lost::Busy(left)) => {
                     free_in = left;
+                    None
+                }
+                Err(Lost::Ahead(left)) => {
+                    (free_in, ahead) = (left, true);
                     None
                 }
                 Err(Lost::Foreign(left)) => {
@@ -178,9 +183,18 @@ impl ClientInner {
             // nothing) frees the key at its expiry: the next attempt comes
             // then at the latest, not a backoff later. Another library's
             // release is heard by nobody: its waiters poll on a short cap.
-            let backoff = match foreign {
-                true => inner.backoff.foreign_delay(attempt),
-                false => inner.backoff.delay(attempt),
+            // Contenders that split a Redlock vote come back on their
+            // backoff, where they may split again; the one ahead comes back
+            // at once and, its rivals' undos landed, wins. Only every other
+            // time in a row: a grant that stays in its way (the lease of a
+            // holder that crashed after taking a minority) is waited for
+            // like any other.
+            let quick = ahead && !came_back_at_once;
+            came_back_at_once = quick;
+            let backoff = match (quick, foreign) {
+                (true, _) => Duration::ZERO,
+                (false, true) => inner.backoff.foreign_delay(attempt),
+                (false, false) => inner.backoff.delay(attempt),
             };
             let pause = backoff
                 .min(free_in.unwrap_or(Duration::MAX))
@@ -375,6 +389,10 @@ pub(crate) enum Lost {
     /// As `Busy`, held by another library's client, whose release tells
     /// nobody: only an attempt notices it.
     Foreign(Option<Duration>),
+    /// As `Busy`, on Redlock, where contenders split the servers between
+    /// them and this attempt won the first server that answered: it is
+    /// the one to try again at once, while the others back off.
+    Ahead(Option<Duration>),
     /// No answer, or a passing one (the server loading, busy, failing
     /// over): try again within the wait.
     Retry(LockError),

@@ -171,10 +171,16 @@ impl Contender for OneKey<'_, '_> {
                 fence,
                 sent,
             }),
-            Ok(Attempt::Busy { left, foreign }) => {
+            Ok(Attempt::Busy {
+                left,
+                foreign,
+                ahead,
+            }) => {
                 held.keep();
                 Err(if foreign {
                     Lost::Foreign(left)
+                } else if ahead {
+                    Lost::Ahead(left)
                 } else {
                     Lost::Busy(left)
                 })

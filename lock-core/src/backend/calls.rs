@@ -108,10 +108,14 @@ pub(crate) enum Attempt {
     /// the attempt learnt it (every attempt but a first one without
     /// fencing); `foreign`: its value is not one of ours (another library
     /// holds it, whose release publishes nothing), when the attempt learnt
-    /// it (as `left`).
+    /// it (as `left`); `ahead`: on Redlock, this attempt won some servers
+    /// but not a majority, the first server that answered among them: of
+    /// contenders that split the servers between them, it is the one to
+    /// come back at once (see [`Quorum::acquire`](super::quorum::Quorum::acquire)).
     Busy {
         left: Option<Duration>,
         foreign: bool,
+        ahead: bool,
     },
 }
 
@@ -121,6 +125,7 @@ impl Attempt {
     pub(crate) const HELD: Attempt = Attempt::Busy {
         left: None,
         foreign: false,
+        ahead: false,
     };
 }
 

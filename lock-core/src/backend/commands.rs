@@ -107,7 +107,11 @@ pub(crate) trait LockCommands: Server {
                                     -1 => None,
                                     ms => Some(Duration::from_millis(ms.max(0) as u64)),
                                 };
-                                let busy = Attempt::Busy { left, foreign };
+                                let busy = Attempt::Busy {
+                                    left,
+                                    foreign,
+                                    ahead: false,
+                                };
                                 return Ok((busy, None));
                             }
                         };

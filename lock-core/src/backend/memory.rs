@@ -201,6 +201,7 @@ impl MemoryStore {
             return Attempt::Busy {
                 left: state.left(keys.lock, now),
                 foreign: false,
+                ahead: false,
             };
         }
         let fence = keys

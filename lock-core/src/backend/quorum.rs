@@ -156,6 +156,7 @@ impl Quorum {
             })
             .await;
         let left = majority_free_in(&answers, self.majority());
+        let ahead = won_first_answer(&answers);
         let mut foreign = false;
         let mut tally = Tally::new(self.majority());
         let mut fence = 0u64;
@@ -208,7 +209,11 @@ impl Quorum {
                 "a majority granted the lock, but too late for any validity to remain",
             ));
         }
-        Ok(Attempt::Busy { left, foreign })
+        Ok(Attempt::Busy {
+            left,
+            foreign,
+            ahead,
+        })
     }
 
     /// Several keys on every server, each with the all-or-none script;
@@ -780,6 +785,23 @@ fn majority_free_in(
     free_in.get(majority.checked_sub(1)?).copied()
 }
 
+/// Whether the attempt won the first server (in server order) that
+/// answered. Contenders that split the servers between them see the same
+/// servers answer, as a rule, and only one of them won the first: that one
+/// tries again at once, the others back off, and the next vote does not
+/// split. Where they saw different servers answer, two may both think
+/// they are ahead and split again, no worse than two backoffs that ended
+/// together.
+fn won_first_answer(answers: &[Option<Result<Attempt, LockError>>]) -> bool {
+    answers
+        .iter()
+        .find_map(|answer| match answer {
+            Some(Ok(attempt)) => Some(matches!(attempt, Attempt::Granted { .. })),
+            _ => None,
+        })
+        .unwrap_or(false)
+}
+
 /// [`LockKeys`] owned, for calls that may outlive the caller.
 struct OwnedKeys {
     lock: Arc<str>,
@@ -900,5 +922,20 @@ mod tests {
             ]
         );
         assert_eq!(background.load(Ordering::Relaxed), 0);
+    }
+
+    /// Of contenders that split the servers, the one that won the first
+    /// server to answer is ahead; a silent or failing server is no answer.
+    #[test]
+    fn the_first_answer_decides_who_is_ahead() {
+        let granted = || Some(Ok(Attempt::Granted { fence: None }));
+        let busy = || Some(Ok(Attempt::HELD));
+        let failed = || Some(Err(LockError::new(ErrorKind::Unavailable)));
+        assert!(won_first_answer(&[granted(), busy(), None]));
+        assert!(won_first_answer(&[None, granted(), busy()]));
+        assert!(won_first_answer(&[failed(), granted(), busy()]));
+        assert!(!won_first_answer(&[busy(), granted(), None]));
+        assert!(!won_first_answer(&[None, busy(), granted()]));
+        assert!(!won_first_answer(&[None, None, None]));
     }
 }
