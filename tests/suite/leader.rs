@@ -219,6 +219,37 @@ async fn resignations(servers: &[RedisServer], rounds: usize) -> Vec<Duration> {
     lags
 }
 
+/// Dropping a `Leadership` resigns in the background: a patient replica
+/// is elected within [`HEARD`] of the drop, with a later term, on one
+/// server and on Redlock.
+#[tokio::test]
+async fn a_dropped_leadership_is_followed_within_milliseconds() {
+    let one = [RedisServer::start()];
+    let three = start_servers(3);
+    for servers in [&one[..], &three[..]] {
+        let a = client(servers, patient("a")).await;
+        let b = client(servers, patient("b")).await;
+        let leader = a.campaign(KEY, LONG).await.unwrap();
+        let term = leader.term();
+        let follower = campaigning(&b, LONG).await;
+        let dropped = Instant::now();
+        drop(leader);
+        let (next_leader, elected) = follower.await.unwrap();
+        let lag = elected - dropped;
+        eprintln!(
+            "dropped leadership to next leader, {} server(s): {lag:?}",
+            servers.len()
+        );
+        assert!(lag < HEARD, "elected {lag:?} after the drop");
+        assert!(
+            next_leader.term() > term,
+            "term {} after {term}",
+            next_leader.term()
+        );
+        next_leader.resign().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_crashed_leader_is_followed_at_its_lease_expiry() {
     let servers = [RedisServer::start()];
