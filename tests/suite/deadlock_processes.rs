@@ -202,9 +202,9 @@ fn two_replicas_in_a_cycle_one_gives_up_within_a_second() {
     }
 }
 
-/// Three replicas in a ring, on one server and on a cluster.
+/// Three replicas in a ring, on one server, on a cluster and on Redlock.
 #[test]
-fn three_replicas_in_a_cycle_one_gives_up() {
+fn three_replicas_in_a_cycle_one_gives_up_within_a_second() {
     let owners = [
         ("replica-1", "a:1", "b:2"),
         ("replica-2", "b:2", "c:3"),
@@ -212,11 +212,16 @@ fn three_replicas_in_a_cycle_one_gives_up() {
     ];
     let server = RedisServer::start();
     let cluster = RedisCluster::start(3, 0);
+    let redlock = start_servers(3);
     for servers in [
         single(&server),
         Servers {
             mode: "cluster",
             urls: cluster.urls(),
+        },
+        Servers {
+            mode: "redlock",
+            urls: redlock.iter().map(RedisServer::url).collect(),
         },
     ] {
         let (ends, closed) = cycle(&servers, &owners);
@@ -282,9 +287,11 @@ async fn a_replica_killed_while_waiting_causes_no_false_cycle() {
     doomed.child.wait().unwrap();
     let killed = Instant::now();
     while recorded().await > 0 {
+        // A record lives 2 s past its last refresh, which came before the
+        // kill; the rest is this loop's polling on a busy machine.
         assert!(
-            killed.elapsed() < Duration::from_secs(3),
-            "a dead waiter's record outlived two seconds"
+            killed.elapsed() < Duration::from_millis(2_500),
+            "a dead waiter's record outlived its two seconds"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
