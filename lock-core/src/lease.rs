@@ -146,7 +146,7 @@ pub(crate) enum Scope {
     /// canonical order (the first is the lease's storage key).
     Several(Box<[Part]>),
     /// A place in the key's holder set: a shared holder or a permit (boxed:
-    /// every lease has a scope, few are members).
+    /// every lease has a scope, few are shared).
     Shared(Box<HolderSet>),
 }
 

@@ -89,7 +89,7 @@ pub(crate) type Owner = u64;
 /// queue from then on, as `owner`.
 pub(crate) enum Handoff {
     /// The lease itself, still held in Redis under its token.
-    Lease(HandedLease, Owner),
+    Lease { lease: HandedLease, owner: Owner },
     /// The key is free locally: acquire it from Redis. `after`: wait this
     /// long first, so waiters of other processes get their chance.
     Free { after: Duration, owner: Owner },
@@ -575,7 +575,7 @@ impl Queues {
         }
         while let Some(next) = queue.waiting.pop_front() {
             let owner = next_owner(owners);
-            match self.offer(key, &next, Handoff::Lease(lease, owner)) {
+            match self.offer(key, &next, Handoff::Lease { lease, owner }) {
                 Ok(()) => {
                     queue.owner = owner;
                     queue.holder = None;
@@ -584,7 +584,7 @@ impl Queues {
                     return Next::HandedOver;
                 }
                 // That waiter gave up; try the one behind it.
-                Err(Handoff::Lease(back, _)) => lease = back,
+                Err(Handoff::Lease { lease: back, .. }) => lease = back,
                 Err(Handoff::Free { .. }) => return Next::Release { spent: false },
             }
         }
@@ -800,7 +800,7 @@ mod tests {
             queues.hand_off(&key(), owner, || Some(handed()), budget),
             Next::HandedOver
         ));
-        let Some(Handoff::Lease(_, owner)) = second.await else {
+        let Some(Handoff::Lease { owner, .. }) = second.await else {
             panic!("second gets the lease")
         };
         queues.set_holder("k", owner, &lease(), Taken::HandedOver);
@@ -823,7 +823,7 @@ mod tests {
             queues.hand_off(&key(), owner, || Some(handed()), HandoffBudget::default()),
             Next::HandedOver
         ));
-        assert!(matches!(next.await, Some(Handoff::Lease(..))));
+        assert!(matches!(next.await, Some(Handoff::Lease { .. })));
     }
 
     #[test]

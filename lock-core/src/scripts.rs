@@ -314,9 +314,9 @@ pub(crate) static TAKE_OVER: Lua = lua!(concat!(
 /// `SET NX` fails while the marker exists, so an exclusive holder and
 /// shared holders (or permits) never meet. The caller has checked that
 /// `lock` is the marker or absent.
-macro_rules! lua_members {
+macro_rules! lua_holder_sets {
     () => {
-        include_str!("scripts/lib/members.lua")
+        include_str!("scripts/lib/holder_sets.lua")
     };
 }
 
@@ -384,7 +384,7 @@ pub(crate) static ACQUIRE_ALL: Lua = lua!(concat!(
 /// crashed holder's permit comes back when its lease runs out.
 pub(crate) static SHARED_ACQUIRE: Lua = lua!(concat!(
     lua_read!(),
-    lua_members!(),
+    lua_holder_sets!(),
     include_str!("scripts/shared_acquire.lua")
 ));
 
@@ -396,7 +396,7 @@ pub(crate) static SHARED_ACQUIRE: Lua = lua!(concat!(
 /// and goes with the last one.
 pub(crate) static SHARED_RELEASE: Lua = lua!(concat!(
     lua_read!(),
-    lua_members!(),
+    lua_holder_sets!(),
     include_str!("scripts/shared_release.lua")
 ));
 
@@ -411,7 +411,7 @@ pub(crate) static SHARED_RELEASE: Lua = lua!(concat!(
 /// then removed).
 pub(crate) static SHARED_RENEW: Lua = lua!(concat!(
     lua_read!(),
-    lua_members!(),
+    lua_holder_sets!(),
     include_str!("scripts/shared_renew.lua")
 ));
 
@@ -424,7 +424,7 @@ pub(crate) static SHARED_RENEW: Lua = lua!(concat!(
 /// shared or permits marker, 1 for an exclusive holder. Writes nothing.
 pub(crate) static INSPECT: Lua = lua!(concat!(
     lua_read!(),
-    lua_members!(),
+    lua_holder_sets!(),
     include_str!("scripts/inspect.lua")
 ));
 
@@ -442,7 +442,7 @@ pub(crate) static INSPECT: Lua = lua!(concat!(
 /// another type, which is left alone: it is not a lock.
 pub(crate) static FORCE_RELEASE: Lua = lua!(concat!(
     lua_read!(),
-    lua_members!(),
+    lua_holder_sets!(),
     include_str!("scripts/force_release.lua")
 ));
 

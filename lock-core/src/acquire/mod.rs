@@ -95,7 +95,7 @@ impl ClientInner {
             let wakes = (request.check_at, request.deadline);
             match waiter.wait(holder, ahead, wakes, until).await {
                 Waited::TimedOut => return Err(request.contended()),
-                Waited::Front(owner, handoff) => return Ok((owner, handoff)),
+                Waited::Front { owner, handoff } => return Ok((owner, handoff)),
                 Waited::Again => continue,
             }
         }
@@ -509,7 +509,10 @@ enum Waited {
     /// The wait ran out.
     TimedOut,
     /// First in the queue now, with what was handed over, if anything.
-    Front(Owner, Option<Handoff>),
+    Front {
+        owner: Owner,
+        handoff: Option<Handoff>,
+    },
     /// The queue moved under us; join again.
     Again,
 }
@@ -555,11 +558,17 @@ impl Waiter<'_> {
             Ok(None) => Waited::Again,
             Ok(Some(handoff)) => {
                 let owner = match &handoff {
-                    Handoff::Lease(_, owner) | Handoff::Free { owner, .. } => *owner,
+                    Handoff::Lease { owner, .. } | Handoff::Free { owner, .. } => *owner,
                 };
-                Waited::Front(owner, Some(handoff))
+                Waited::Front {
+                    owner,
+                    handoff: Some(handoff),
+                }
             }
-            Err(owner) => Waited::Front(owner, None),
+            Err(owner) => Waited::Front {
+                owner,
+                handoff: None,
+            },
         }
     }
 }
@@ -589,7 +598,7 @@ impl PassOn for ClientInner {
 pub(crate) fn pass_on(inner: &Arc<ClientInner>, key: &Arc<str>, handoff: Handoff) {
     let (handed, owner) = match handoff {
         Handoff::Free { after, owner } => return inner.queues.pass_front(key, owner, after),
-        Handoff::Lease(handed, owner) => (handed, owner),
+        Handoff::Lease { lease, owner } => (lease, owner),
     };
     let held = Held::one(key.clone(), handed.token.clone());
     let until = handed.valid_until;

@@ -28,7 +28,7 @@ impl ClientInner {
         let (owner, handoff) = self.join_queue(&request).await?;
         let front = Front::new(&inner.queues, &request.storage_key, owner);
         let front = match handoff {
-            Some(Handoff::Lease(handed, _)) => {
+            Some(Handoff::Lease { lease: handed, .. }) => {
                 match self.take_over(&request, handed, front).await {
                     Ok(guard) => return Ok(guard),
                     Err(front) => front,

@@ -94,7 +94,7 @@ impl ClientInner {
         deadline: Instant,
     ) {
         match handoff {
-            Some(Handoff::Lease(handed, _)) => {
+            Some(Handoff::Lease { lease: handed, .. }) => {
                 let held = Held::one(key.clone(), handed.token);
                 self.release_in_background(held, LetGo::Release, handed.valid_until);
             }

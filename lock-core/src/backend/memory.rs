@@ -161,8 +161,8 @@ impl MemoryStore {
         let now = Instant::now();
         let state = self.inner.lock();
         let exclusive = state.locks.values().filter(|held| held.expires > now);
-        let members = state.groups.values().flat_map(|g| &g.holders);
-        exclusive.count() + members.filter(|(_, expires)| *expires > now).count()
+        let shared = state.groups.values().flat_map(|g| &g.holders);
+        exclusive.count() + shared.filter(|(_, expires)| *expires > now).count()
     }
 
     /// The channels a client listens on, fed by this store's releases.

@@ -1,7 +1,7 @@
 //! What operators ask of the servers: what holds a key, breaking a lock,
 //! and which locks exist (`SCAN`, never `KEYS`).
 //!
-//! These talk in keys and raw answers; the client's `inspect` module turns them into the
+//! These talk in keys and raw answers; `client/operators.rs` turns them into the
 //! public [`LockState`](crate::LockState).
 
 use super::{ClusterNode, Node, Server};
