@@ -11,10 +11,10 @@
 //! - terms strictly increase from one leader to the next;
 //! - no operation with a stale term is accepted by the register (the
 //!   frozen leader's late write is refused), and no increment is lost;
-//! - after a crash, the next leader is elected within 100 ms (plus a
-//!   margin for this loaded machine) of the crashed leader's lease expiry,
-//!   read from the servers (`PTTL`) right after the crash, and never
-//!   before it;
+//! - after a crash, the next leader is elected within the ttl and 100 ms
+//!   of the crash; within 100 ms (plus a margin for this loaded machine) of
+//!   the crashed leader's lease expiry, read from the servers (`PTTL`)
+//!   right after the crash, and never before it;
 //! - after a resignation, the next leader is elected within 20 ms (median,
 //!   from the moment the leader called `resign`).
 //!
@@ -650,12 +650,16 @@ impl Run<'_> {
                 over.median, over.max
             ));
         }
-        // The lease expires at most a ttl after the crash, so this follows
-        // from the above; it is the figure a user of the election sees.
-        if gap.max > TTL + bounds.crash_max {
+        // The promise in the words a user of the election reads: never
+        // longer than the ttl and 100 ms without a leader after a crash, on
+        // one server and on Redlock alike. The lease expires at most a ttl
+        // after the crash (its last renewal came before), so this holds when
+        // the takeover comes within 100 ms of the expiry; it leaves the
+        // margin above only to a crash that came just after a renewal.
+        if gap.max > TTL + CRASH_BOUND {
             self.fail(format!(
-                "no leader for {:?} after a crash, over the ttl and {:?}",
-                gap.max, bounds.crash_max
+                "no leader for {:?} after a crash, over the ttl and {CRASH_BOUND:?}",
+                gap.max
             ));
         }
     }
