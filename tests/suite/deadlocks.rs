@@ -4,7 +4,7 @@
 //! cycle of waits fails exactly one of them with `WouldDeadlock` within a
 //! second (naming the cycle) while the others complete; a chain without a
 //! cycle never fails; operators see the waiters of a key; nothing of a
-//! wait stays in Redis once it ended. tests/deadlock_processes.rs runs
+//! wait stays in Redis once it ended. deadlock_processes.rs runs
 //! the same across processes and kills a waiter.
 //!
 //! The steps are ordered by barriers: every owner holds its first key

@@ -19,7 +19,7 @@
 //!    `Unavailable` when too few answered to decide. Every attempt sends a
 //!    token of its own, so a late undo cannot delete a later attempt's key.
 //!
-//! RenewOutcome and release go to all servers; a renewal counts only when a
+//! Renewals and releases go to all servers; a renewal counts only when a
 //! majority renewed before the validity deadline, and the lock is lost for
 //! certain once more than `N - majority` servers say it is not ours. A
 //! release, an `extend` and a ping return once a majority has answered; the
