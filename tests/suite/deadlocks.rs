@@ -359,10 +359,7 @@ async fn a_timed_out_wait_leaves_no_record() {
         let holder = replica(&backend, "holder").await;
         let waiter = replica(&backend, "waiter").await;
         let held = holder.lock("job", Duration::from_secs(30)).await.unwrap();
-        let ran_out = {
-            let waiter = waiter.clone();
-            tokio::spawn(async move { gives_up_on(&waiter, "other", "job").await })
-        };
+        let ran_out = tokio::spawn(async move { gives_up_on(&waiter, "other", "job").await });
         let what = "the waiter's wait recorded";
         eventually_async(Duration::from_secs(5), what, || async {
             holder.inspect("job").await.unwrap().unwrap().waiting() == 1
