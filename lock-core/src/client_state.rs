@@ -3,12 +3,13 @@
 //! in the background when nobody can wait for it.
 
 use crate::backend::{Backend, Wakeups};
+use crate::background;
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::heartbeat::Heartbeat;
 use crate::lease::{Held, MAX_KEY_LEN};
 use crate::queue::{HandoffBudget, PassOn, Queues};
-use crate::release::LetGo;
+use crate::release::{self, LetGo};
 use crate::token::{Holder, Token, local_now_ms};
 use std::future::Future;
 use std::sync::Arc;
@@ -154,14 +155,20 @@ impl ClientInner {
 }
 
 impl ClientInner {
-    /// Lets go of `held` in the background ([`LetGo::send`]), sent again
+    /// Lets go of `held` without waiting: written to the connection at once
+    /// where it can be ([`release::release_now`]), so that it leaves even
+    /// when the caller's runtime is shutting down or its process exits
+    /// next; otherwise on lock-core's runtime ([`LetGo::send`]), sent again
     /// while Redis does not answer until `until` (when it would have
-    /// expired anyway); does nothing outside a tokio runtime (the lease
-    /// then simply expires). What the guard's `Drop`, a `release` cut short,
-    /// an acquisition cut short and a hand-off nobody took all call.
+    /// expired anyway). What the guard's `Drop`, a `release` cut short, an
+    /// acquisition cut short and a hand-off nobody took all call, inside a
+    /// runtime or not.
     pub(crate) fn release_in_background(self: &Arc<Self>, held: Held, how: LetGo, until: Instant) {
+        if matches!(how, LetGo::Release) && release::release_now(&self.backend, &held) {
+            return;
+        }
         let inner = self.clone();
-        in_background(async move {
+        background::spawn(async move {
             let limit = inner.op_timeout;
             until_answered(&inner, until, || how.send(&inner.backend, &held, limit)).await;
         });
@@ -192,12 +199,5 @@ where
             }
             _ => return,
         }
-    }
-}
-
-/// Runs `work` on the current tokio runtime; nothing outside one.
-fn in_background(work: impl Future<Output = ()> + Send + 'static) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(work);
     }
 }

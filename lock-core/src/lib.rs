@@ -78,6 +78,8 @@
 
 // From the bottom layer up: a module uses only those above it in this list.
 // (Blank lines keep rustfmt from sorting the layers into one alphabet.)
+// lock-core's own runtime, for the work no task of the user's may hold up.
+mod background;
 // Jittered exponential backoff between attempts.
 mod backoff;
 // `LockError`, `ErrorKind`, `LossReason`: every failure a caller can see.

@@ -7,6 +7,7 @@
 use crate::backend::{Backend, SharedKeys, SharedLease};
 use crate::error::LockError;
 use crate::lease::{Held, HolderSet, Lease, LossReason, Scope};
+use futures::FutureExt;
 use futures::future::join_all;
 use std::time::Duration;
 
@@ -133,6 +134,32 @@ pub(crate) async fn release(
                 .shared_release(&shared_keys(&held.storage_key, holder_set), token, limit)
                 .await
         }
+    }
+}
+
+/// Releases what `held` holds without waiting for anything, where the
+/// backend can ([`Backend::release_now`]): a lease on one key or on
+/// several, over lock-core's own connections or in memory. Whether it is
+/// done (written to the servers); otherwise nothing or part of it was, and
+/// the caller sends [`release`], which is safe to repeat.
+pub(crate) fn release_now(backend: &Backend, held: &Held) -> bool {
+    if !backend.is_remote() {
+        // In memory a release needs no I/O: it is done at its first poll.
+        return release(backend, held, Duration::ZERO)
+            .now_or_never()
+            .is_some();
+    }
+    let token = &held.token;
+    match &held.scope {
+        Scope::One => backend.release_now(&held.storage_key, token),
+        Scope::Several(parts) => {
+            // Every key is tried, whatever the others did.
+            let unsent = parts
+                .iter()
+                .filter(|p| !backend.release_now(&p.storage_key, token));
+            unsent.count() == 0
+        }
+        Scope::Shared(_) => false,
     }
 }
 

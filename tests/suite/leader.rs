@@ -587,14 +587,12 @@ fn ceil_div(whole: Duration, part: Duration) -> u64 {
 
 #[tokio::test]
 async fn a_campaign_ends_unavailable_once_redis_stays_away_past_the_default_wait() {
-    let wait = Duration::from_secs(1);
+    let wait = Duration::from_secs(2);
     let mut stopped = [RedisServer::start()];
     let frozen = [RedisServer::start()];
-    let settings = || {
-        replica("a")
-            .default_wait(wait)
-            .operation_timeout(Duration::from_millis(200))
-    };
+    // The default operation timeout: against a frozen server each call
+    // takes all of it, and the bound must still hold.
+    let settings = || replica("a").default_wait(wait);
     let refused = client(&stopped, settings()).await;
     let unanswered = client(&frozen, settings()).await;
     // Every attempt refused at once, or every attempt timed out.
@@ -609,10 +607,10 @@ async fn a_campaign_ends_unavailable_once_redis_stays_away_past_the_default_wait
         let took = started.elapsed();
         eprintln!("{how} server: the campaign ended after {took:?}: {err}");
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{how}: {err}");
-        // The wait and at most a round more (a quarter of it), with the last
-        // attempt's timeout; a second for the load.
+        // The wait and at most a round more (a quarter of it), as the
+        // rustdoc says; a quarter of a second for the load.
         assert!(
-            took >= wait && took < wait * 5 / 4 + Duration::from_secs(1),
+            took >= wait && took < wait * 5 / 4 + Duration::from_millis(250),
             "{how}: the campaign ended after {took:?}, with a default wait of {wait:?}"
         );
     }

@@ -42,3 +42,4 @@ mod reentry;
 mod sentinel;
 mod takeover;
 mod tls;
+mod transitions;

@@ -281,6 +281,23 @@ impl Backend {
         }
     }
 
+    /// Releases `key` without waiting for anything, where that can be done
+    /// (see [`Node::release_now`]; in memory, it is done): `true` once the
+    /// compare-and-delete is written to every server. For a guard dropped
+    /// at a moment with no later one: its runtime shutting down, its
+    /// process about to exit, a thread outside any runtime.
+    pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
+        match self {
+            Backend::Single(node) => node.release_now(key, token),
+            Backend::Redlock(quorum) => quorum.release_now(key, token),
+            Backend::Cluster(_) => false,
+            Backend::Memory(store) => {
+                store.release(key, token);
+                true
+            }
+        }
+    }
+
     /// A round trip that proves the servers answer (a majority of them for
     /// Redlock).
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {

@@ -408,6 +408,24 @@ impl Node {
     }
 }
 
+impl Node {
+    /// [`send_release`](Self::send_release) without waiting for anything:
+    /// whether the compare-and-delete is written to the server's socket
+    /// now. Only over lock-core's own connection, open and with its
+    /// scripts loaded; otherwise `false`, and the caller releases some
+    /// other way (the command is safe to repeat).
+    pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
+        match self.connection.current() {
+            Some(Conn::Wire(wire)) if wire.scripts_loaded() => {
+                let mut inv = Eval::new(&scripts::RELEASE, 1);
+                inv.key(key).arg(token);
+                wire.send_unheard_now(inv.cmd(), observe::unheard_release)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The error for a connection that could not be opened. A refusal the
 /// server answered (a wrong password, a missing permission) and a TLS
 /// handshake that failed keep their own explanation; anything else says the

@@ -514,6 +514,17 @@ impl Quorum {
         Err(tally.unavailable("could not send the release to a majority of Redis servers"))
     }
 
+    /// [`Node::release_now`] on every server: whether every one of them
+    /// has the release written. Sent to all even when one fails, so that
+    /// a release the caller sends again finds most keys gone already.
+    pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
+        let unsent = self
+            .nodes
+            .iter()
+            .filter(|node| !node.release_now(key, token));
+        unsent.count() == 0
+    }
+
     /// A round trip to every server, each bounded by `limit` (it may have
     /// to connect first); `Ok` once a majority answered.
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
@@ -702,23 +713,19 @@ where
     }
     if !pending.is_empty() && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
         let left = pending.len();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                background.fetch_add(left, Ordering::Relaxed);
-                let mut running = Running {
-                    left,
-                    background: background.clone(),
-                };
-                runtime.spawn(async move {
-                    while pending.next().await.is_some() {
-                        running.left -= 1;
-                        running.background.fetch_sub(1, Ordering::Relaxed);
-                    }
-                });
+        background.fetch_add(left, Ordering::Relaxed);
+        let mut running = Running {
+            left,
+            background: background.clone(),
+        };
+        // On lock-core's runtime: the caller's may be about to stall or
+        // shut down, and these answers (an undo, a release) still matter.
+        crate::background::spawn(async move {
+            while pending.next().await.is_some() {
+                running.left -= 1;
+                running.background.fetch_sub(1, Ordering::Relaxed);
             }
-            // Not reached: the servers' connections need a runtime.
-            Err(_) => while pending.next().await.is_some() {},
-        }
+        });
     }
     answers
 }

@@ -217,7 +217,7 @@ impl HubHandle {
 }
 
 impl Hub {
-    /// The running hub task, started on the current runtime if none runs.
+    /// The running hub task, started on lock-core's runtime if none runs.
     fn handle(&self, channels: &Arc<Channels>) -> Option<HubHandle> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(handle) = live.as_ref()
@@ -233,12 +233,13 @@ impl Hub {
         };
         let client = self.client.clone();
         let channels = Arc::downgrade(channels);
-        tokio::runtime::Handle::try_current()
-            .ok()?
-            .spawn(async move {
-                let _alive = Alive(alive);
-                serve(client, channels, inbox).await;
-            });
+        // Not on the caller's runtime: a waiter on another runtime must
+        // hear releases while this one's threads are blocked, and after it
+        // shut down.
+        crate::background::spawn(async move {
+            let _alive = Alive(alive);
+            serve(client, channels, inbox).await;
+        });
         *live = Some(handle.clone());
         Some(handle)
     }
@@ -253,28 +254,105 @@ impl Drop for Alive {
     }
 }
 
-/// The hub task: one subscriber connection, subscriptions in order, and
-/// messages fanned out to the waiters of each channel. Ends when the
-/// connection drops, or when the client is gone and nobody asks anything.
+/// The hub task: one subscriber connection at a time, subscriptions in
+/// order, and messages fanned out to the waiters of each channel. When the
+/// connection drops (a cut, a server restarted) it connects again, at once
+/// and then on a backoff, subscribes again to every channel some waiter of
+/// the client listens on, and wakes every waiter: a release published while
+/// it was away was missed, so each looks again. Ends when the client is
+/// gone.
 async fn serve(
     client: redis::Client,
     channels: std::sync::Weak<Channels>,
     mut inbox: mpsc::UnboundedReceiver<Request>,
 ) {
-    let Ok(Ok(pubsub)) =
-        tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub()).await
-    else {
-        return;
-    };
+    let mut attempt = 0u32;
+    let mut reconnected = false;
+    loop {
+        let connected = tokio::time::timeout(CONNECT, client.get_async_pubsub()).await;
+        let Ok(Ok(pubsub)) = connected else {
+            // Asked while away: no subscription now, the waiter's timer
+            // stands in.
+            let pause = RECONNECT
+                .saturating_mul(1 << attempt.min(5))
+                .min(MAX_RECONNECT);
+            attempt += 1;
+            // Waiters may have subscribed in vain meanwhile.
+            reconnected = true;
+            let until = tokio::time::Instant::now() + pause;
+            loop {
+                match tokio::time::timeout_at(until, inbox.recv()).await {
+                    Err(_) => break,
+                    Ok(None) => return,
+                    Ok(Some(Request::Subscribe { done, .. })) => drop(done.send(false)),
+                    Ok(Some(Request::Unsubscribe { .. })) => {}
+                }
+            }
+            if channels.strong_count() == 0 {
+                return;
+            }
+            continue;
+        };
+        attempt = 0;
+        let Some(map) = channels.upgrade() else {
+            return;
+        };
+        match serve_connection(pubsub, &map, &mut inbox, reconnected).await {
+            Served::ClientGone => return,
+            Served::ConnectionLost => reconnected = true,
+        }
+    }
+}
+
+/// How [`serve_connection`] ended.
+enum Served {
+    ClientGone,
+    ConnectionLost,
+}
+
+/// How long connecting the subscriber connection may take.
+const CONNECT: Duration = Duration::from_secs(5);
+/// The first pause before connecting again after a failed attempt; it
+/// doubles up to [`MAX_RECONNECT`].
+const RECONNECT: Duration = Duration::from_millis(50);
+const MAX_RECONNECT: Duration = Duration::from_secs(2);
+
+/// Serves one subscriber connection until it drops or the client is gone.
+/// `catch_up`: it replaces a connection that dropped, so every channel
+/// with waiters is subscribed again and its waiters woken.
+async fn serve_connection(
+    pubsub: redis::aio::PubSub,
+    channels: &Arc<Channels>,
+    inbox: &mut mpsc::UnboundedReceiver<Request>,
+    catch_up: bool,
+) -> Served {
     let (mut sink, mut messages) = pubsub.split();
     let mut subscribed: HashSet<String> = HashSet::new();
+    if catch_up {
+        let wanted: Vec<(String, Arc<Channel>)> = channels
+            .lock()
+            .iter()
+            .filter(|(_, c)| c.waiters.load(Ordering::Acquire) > 0)
+            .map(|(name, c)| (name.clone(), c.clone()))
+            .collect();
+        for (name, channel) in wanted {
+            let again = tokio::time::timeout(Duration::from_secs(2), sink.subscribe(&name)).await;
+            if !matches!(again, Ok(Ok(()))) {
+                return Served::ConnectionLost;
+            }
+            subscribed.insert(name);
+            // Subscribed first, then woken: a release after this is heard.
+            channel.released.notify_waiters();
+        }
+    }
+    let channels = Arc::downgrade(channels);
     let mut sweep = tokio::time::interval(SWEEP);
     sweep.tick().await;
     loop {
         tokio::select! {
             request = inbox.recv() => {
                 let (channel, done) = match request {
-                    None => return,
+                    None => return Served::ClientGone,
                     Some(Request::Subscribe { channel, done }) => (channel, done),
                     Some(Request::Unsubscribe { channel }) => {
                         if subscribed.remove(&channel) {
@@ -299,10 +377,10 @@ async fn serve(
             }
             message = messages.next() => {
                 let Some(message) = message else {
-                    return; // connection lost: the next waiter starts a new hub
+                    return Served::ConnectionLost;
                 };
                 let Some(channels) = channels.upgrade() else {
-                    return;
+                    return Served::ClientGone;
                 };
                 let entry = channels.lock().get(message.get_channel_name()).cloned();
                 if let Some(entry) = entry {
@@ -311,7 +389,7 @@ async fn serve(
             }
             _ = sweep.tick() => {
                 let Some(channels) = channels.upgrade() else {
-                    return;
+                    return Served::ClientGone;
                 };
                 // Channels this hub serves that nobody waits on any more.
                 let idle: Vec<String> = {

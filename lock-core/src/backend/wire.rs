@@ -125,6 +125,19 @@ struct State {
     turn: Option<u64>,
 }
 
+/// A command queued without a waiter for its reply, and what was queued
+/// before it.
+struct Queued {
+    /// Nothing was unsent before it.
+    idle: bool,
+    /// No reply was awaited before it.
+    alone: bool,
+    /// Where it ends in the connection's bytes.
+    end: u64,
+    /// How many bytes are unsent with it.
+    unsent: usize,
+}
+
 /// Bytes read from the socket and not parsed yet: `buf[start..end]`.
 /// `buf` is initialised all along, so reads go straight into its tail.
 struct ReadBuf {
@@ -309,18 +322,12 @@ impl Wire {
     /// then. Each writing what it found would send many small writes, each
     /// costing a system call here and a read on the server.
     pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<()> {
-        let (idle, alone, end, unsent) = {
-            let mut state = self.inner.state();
-            if let Some(err) = state.error() {
-                return Err(err);
-            }
-            let idle = state.unsent.is_empty();
-            let alone = state.waiting.is_empty();
-            cmd.write_packed_command(&mut state.unsent);
-            state.waiting.push_back(Waiter::Unheard(hear));
-            let unsent = state.unsent.len() - state.written;
-            (idle, alone, state.sent_total + unsent as u64, unsent)
-        };
+        let Queued {
+            idle,
+            alone,
+            end,
+            unsent,
+        } = self.queue_unheard(cmd, hear)?;
         // Dropped at a wait below, it still writes what it can: no other
         // call may be left to write its bytes.
         struct Unwritten<'a>(Option<(&'a Inner, u64)>);
@@ -349,6 +356,37 @@ impl Wire {
         // Written: nothing left for the guard to do.
         unwritten.0 = None;
         Ok(())
+    }
+
+    /// Queues `cmd`, whose reply goes to `hear`.
+    fn queue_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<Queued> {
+        let mut state = self.inner.state();
+        if let Some(err) = state.error() {
+            return Err(err);
+        }
+        let idle = state.unsent.is_empty();
+        let alone = state.waiting.is_empty();
+        cmd.write_packed_command(&mut state.unsent);
+        state.waiting.push_back(Waiter::Unheard(hear));
+        let unsent = state.unsent.len() - state.written;
+        Ok(Queued {
+            idle,
+            alone,
+            end: state.sent_total + unsent as u64,
+            unsent,
+        })
+    }
+
+    /// [`send_unheard`](Self::send_unheard) without waiting for anything,
+    /// for code that has no later moment (a guard dropped as its runtime
+    /// shuts down or its process exits): whether `cmd` is written to the
+    /// socket now. When it is not (the socket's buffer is full, the
+    /// connection broke), it may still go out with the next write: the
+    /// caller sends it again some other way, which must be safe to repeat.
+    pub(crate) fn send_unheard_now(&self, cmd: &Cmd, hear: fn(Reply)) -> bool {
+        self.queue_unheard(cmd, hear)
+            .and_then(|queued| self.inner.sent_below(queued.end))
+            .is_ok_and(|unsent_left| !unsent_left)
     }
 
     /// Whether lock-core's scripts are known to be loaded on this

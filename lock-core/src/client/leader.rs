@@ -12,7 +12,7 @@
 use super::LockClient;
 use super::operators::LockState;
 use crate::backend::Subscription;
-use crate::error::{ErrorKind, LockError, LossReason};
+use crate::error::{ErrorKind, LockError, LossReason, TimedOut};
 use crate::guard::LockGuard;
 use crate::options::LockOptions;
 use futures::Stream;
@@ -150,9 +150,31 @@ impl LockClient {
         let give_up_after = self.default_wait() + round_wait;
         let round = LockOptions::new(ttl).fencing(true).wait(round_wait);
         let mut unreachable_since: Option<Instant> = None;
+        // What the servers said last, for the error at the end.
+        let mut last_error: Option<LockError> = None;
         loop {
             let started = Instant::now();
-            match self.lock_with(key, round.clone()).await {
+            // A round cannot outlast the campaign's give-up time: against a
+            // server that stopped answering, each of its calls takes the
+            // whole operation timeout, and the last round would overshoot
+            // the bound by as much.
+            let give_up_at = unreachable_since.unwrap_or(started) + give_up_after;
+            let attempt = tokio::time::timeout_at(give_up_at, self.lock_with(key, round.clone()));
+            let Ok(attempt) = attempt.await else {
+                if let Some(e) = last_error {
+                    return Err(e);
+                }
+                return Err(LockError::new(ErrorKind::Unavailable)
+                    .with_message(format!(
+                        "no answer from Redis within {give_up_after:?} (the default wait and \
+                         a round)"
+                    ))
+                    .with_source(TimedOut {
+                        after: give_up_after,
+                    })
+                    .with_key(key));
+            };
+            match attempt {
                 Ok(guard) => {
                     let Some(term) = guard.fencing_token() else {
                         // A re-entry of a lock taken without fencing is
@@ -165,13 +187,18 @@ impl LockClient {
                     };
                     return Ok(Leadership { guard, term });
                 }
-                Err(e) if e.kind() == ErrorKind::Contended => unreachable_since = None,
+                Err(e) if e.kind() == ErrorKind::Contended => {
+                    unreachable_since = None;
+                    last_error = None;
+                }
                 Err(e) if e.kind() == ErrorKind::Unavailable => {
                     let since = *unreachable_since.get_or_insert(started);
                     if since.elapsed() >= give_up_after {
                         return Err(e);
                     }
-                    tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+                    last_error = Some(e);
+                    let left = (since + give_up_after).saturating_duration_since(Instant::now());
+                    tokio::time::sleep(UNAVAILABLE_PAUSE.min(left)).await;
                 }
                 Err(e) => return Err(e),
             }
