@@ -494,7 +494,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
     const LOCK_CLIENT_ACL: &str = "+set +get +del +pexpire +pttl +time +evalsha +script|load \
                                    +publish +subscribe +unsubscribe +ping +type +zadd +zrem \
-                                   +zremrangebyscore ~<prefix>* &<prefix>*";
+                                   +zremrangebyscore +zrange ~<prefix>* &<prefix>*";
 
     /// The explanation of an ACL refusal: which permission, and how to
     /// grant it. Understands the wordings of Redis 6.2 to 7.4 and Valkey,
@@ -513,7 +513,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
         } else if lower.contains("can't run this command") {
             "may not run one of the commands the lock's Lua script calls (ACL LOG names it; \
              scripts need +set +get +del +pexpire +pttl +time +publish +type +zadd \
-             +zremrangebyscore)"
+             +zremrangebyscore +zrange)"
                 .to_owned()
         } else if lower.contains("keys") || lower.contains("a key") {
             "may not access the lock's key (grant the client's key prefix with \

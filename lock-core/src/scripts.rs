@@ -59,7 +59,7 @@ macro_rules! lua {
 }
 
 /// Every script lock-core calls by its hash.
-pub(crate) static ALL: [&Lua; 18] = [
+pub(crate) static ALL: [&Lua; 17] = [
     &RELEASE,
     &RENEW,
     &SET_TTL,
@@ -76,7 +76,6 @@ pub(crate) static ALL: [&Lua; 18] = [
     &FORCE_RELEASE,
     &WAIT_RECORD,
     &WAIT_HOP,
-    &WAIT_FORGET,
     &WAITERS,
 ];
 
@@ -460,17 +459,13 @@ pub(crate) static WAIT_RECORD: Lua = lua!(include_str!("scripts/wait_record.lua"
 /// One step of the deadlock walk: who holds a key, and what that holder
 /// waits for.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` its wait note (`<lock key>:waiting`,
-/// written by a holder of the key while it waits for another). Returns
-/// `{value, note}`, each nil when absent; both nil when the lock key is
-/// not a string (shared holders, permits, another program's key: never
-/// followed). Writes nothing.
+/// `KEYS[1]` lock key, `KEYS[2]` its wait notes (`<lock key>:waiting`, a
+/// sorted set written by [`WAIT_RECORD`]: one member per wait of a holder
+/// of the key, scored by its expiry). Returns `{value, notes}`: the value
+/// (nil when absent) and the notes not yet expired; nil and none when the
+/// lock key is not a string (shared holders, permits, another program's
+/// key: never followed). Writes nothing.
 pub(crate) static WAIT_HOP: Lua = lua!(include_str!("scripts/wait_hop.lua"));
-
-/// Deletes a wait note if it is still the one given.
-///
-/// `KEYS[1]` the note, `ARGV[1]` its value. Returns 1 when deleted.
-pub(crate) static WAIT_FORGET: Lua = lua!(include_str!("scripts/wait_forget.lua"));
 
 /// The live members of a key's waiters set, for operators.
 ///

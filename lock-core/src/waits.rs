@@ -5,16 +5,19 @@
 //! member of each waited key's waiters set (`<lock key>:waiters`: owner,
 //! since when, holder name), which operators count, and, when its task
 //! holds locks through annotated bodies of the same client, a wait note
-//! beside each key it holds (`<lock key>:waiting`: the holder's token, its
-//! owner id, since when, the key it waits for). Every record lasts at most
+//! beside each key it holds (a member of `<lock key>:waiting`: the holder's
+//! token, its owner id, since when, the key it waits for). A task that
+//! waits for two keys at once (`join!`) has two notes there, one per wait,
+//! so a walker sees both edges. Every record lasts at most
 //! [`RECORD_TTL`] and never past the end of the wait; it is refreshed while
 //! the wait goes on and removed when the wait ends, however it ends.
 //!
 //! A waiter that holds locks also follows the chain, [`FIRST_TICK`] after
 //! its first look and then every [`TICK`]: the key
-//! it waits for is held by a token; the note beside that key, when it is
-//! that token's, says what its holder waits for; and so on, until a key with
-//! no such note (no cycle) or a key this task holds (a cycle). In a cycle
+//! it waits for is held by a token; the notes beside that key that are
+//! that token's say what its holder waits for; and so on along every
+//! branch, until keys with no such note (no cycle) or a key this task holds
+//! (a cycle). In a cycle
 //! every member sees the same members, and the youngest wait (the latest
 //! `since`, the larger owner id among equals) gives up with
 //! [`ErrorKind::WouldDeadlock`]; the others go on waiting.
@@ -112,7 +115,8 @@ async fn watch_recorded(
         let changed = waits_for.is_some() && waits_for != me.waits_for;
         if changed {
             me.waits_for = waits_for;
-            records.notes = me.notes();
+            let stale = std::mem::replace(&mut records.notes, me.notes());
+            records.forget_notes(stale, limit).await;
         }
         if changed || refreshed.is_none_or(|at| now >= at + REFRESH) {
             records.written = true;
@@ -238,42 +242,60 @@ impl<'a> Waiting<'a> {
     }
 
     async fn hop(&self, key: &str, limit: Duration) -> Result<Hop, LockError> {
-        let decisive =
-            |hop: &Hop| token_of(hop).is_some_and(|t| self.is_mine(t) || Note::of(hop).is_some());
+        let decisive = |hop: &Hop| {
+            token_of(hop).is_some_and(|t| self.is_mine(t) || Note::all(hop).next().is_some())
+        };
         self.inner
             .backend
             .hop(key, &note_key(key), limit, decisive)
             .await
     }
 
-    /// Follows the chain from `hop` (what the waited key holds): the
-    /// members of the cycle that leads back to this task, if it does.
-    async fn walk(&self, mut hop: Hop, limit: Duration) -> Option<Cycle> {
+    /// Follows the waits from `hop` (what the waited key holds), along
+    /// every note of every holder, depth first: the members of a cycle that
+    /// leads back to this task, if one does. At most [`MAX_HOPS`] keys are
+    /// read.
+    async fn walk(&self, hop: Hop, limit: Duration) -> Option<Cycle> {
         let first = self.waits_for?;
-        let mut links: Vec<Link> = Vec::new();
-        for _ in 0..MAX_HOPS {
-            let token = token_of(&hop)?;
+        let mut paths: Vec<(Hop, Vec<Link>)> = vec![(hop, Vec::new())];
+        let mut reads = 0;
+        while let Some((hop, links)) = paths.pop() {
+            let Some(token) = token_of(&hop) else {
+                continue;
+            };
             if self.is_mine(token) {
                 // Back here: a cycle, unless this task waits on itself.
-                return (!links.is_empty()).then_some(Cycle {
+                if links.is_empty() {
+                    continue;
+                }
+                return Some(Cycle {
                     me: (self.owner, self.since_ms),
                     waits_for: self.waited[first].clone(),
                     links,
                 });
             }
-            let note = Note::of(&hop)?;
-            if note.owner == self.owner || links.iter().any(|l| l.owner == note.owner) {
-                // A cycle this task is not part of: its members see it.
-                return None;
+            for note in Note::all(&hop) {
+                if note.owner == self.owner || links.iter().any(|l| l.owner == note.owner) {
+                    // A cycle this task is not part of: its members see it.
+                    continue;
+                }
+                if reads == MAX_HOPS {
+                    return None;
+                }
+                reads += 1;
+                let next: Arc<str> = note.waits_for.into();
+                let Ok(next_hop) = self.hop(&next, limit).await else {
+                    continue;
+                };
+                let mut path = links.clone();
+                path.push(Link {
+                    owner: note.owner,
+                    since_ms: note.since_ms,
+                    holder: note.holder.to_owned(),
+                    waits_for: next,
+                });
+                paths.push((next_hop, path));
             }
-            let next: Arc<str> = note.waits_for.into();
-            links.push(Link {
-                owner: note.owner,
-                since_ms: note.since_ms,
-                holder: note.holder.to_owned(),
-                waits_for: next.clone(),
-            });
-            hop = self.hop(&next, limit).await.ok()?;
         }
         None
     }
@@ -308,6 +330,7 @@ fn token_of(hop: &Hop) -> Option<&str> {
 
 /// A wait note, parsed; only when it is the current holder's (its token is
 /// the lock's).
+#[derive(Debug)]
 struct Note<'a> {
     owner: u64,
     since_ms: i64,
@@ -316,9 +339,15 @@ struct Note<'a> {
 }
 
 impl<'a> Note<'a> {
-    fn of(hop: &'a Hop) -> Option<Note<'a>> {
-        let token = token_of(hop)?;
-        let note = hop.note.as_deref()?;
+    /// The notes of the key's current holder: one per wait of its.
+    fn all(hop: &'a Hop) -> impl Iterator<Item = Note<'a>> {
+        let token = token_of(hop);
+        hop.notes
+            .iter()
+            .filter_map(move |note| Note::of(token?, note))
+    }
+
+    fn of(token: &str, note: &'a str) -> Option<Note<'a>> {
         let mut fields = note.splitn(5, '|');
         if fields.next()? != token {
             return None;
@@ -340,6 +369,7 @@ impl<'a> Note<'a> {
 
 /// One other member of a cycle: the owner that holds the key the member
 /// before it waits for, and waits for `waits_for`.
+#[derive(Clone)]
 struct Link {
     owner: u64,
     since_ms: i64,
@@ -417,6 +447,20 @@ impl Records {
         }
     }
 
+    /// Removes notes that no longer say what this wait waits for (it now
+    /// waits for another key): each wait has one note per key it holds.
+    async fn forget_notes(&self, stale: Vec<(String, String)>, limit: Duration) {
+        if !self.written || stale.is_empty() {
+            return;
+        }
+        let records = WaitRecords {
+            sets: &[],
+            member: &self.member,
+            notes: &stale,
+        };
+        let _ = self.inner.backend.forget_wait(&records, limit).await;
+    }
+
     fn as_ref(&self) -> WaitRecords<'_> {
         WaitRecords {
             sets: &self.sets,
@@ -431,14 +475,11 @@ impl Drop for Records {
         if !self.written {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let inner = self.inner.clone();
         let sets = std::mem::take(&mut self.sets);
         let member = std::mem::take(&mut self.member);
         let notes = std::mem::take(&mut self.notes);
-        runtime.spawn(async move {
+        crate::background::spawn(async move {
             let records = WaitRecords {
                 sets: &sets,
                 member: &member,
@@ -457,7 +498,7 @@ mod tests {
     fn hop(value: &str, note: &str) -> Hop {
         Hop {
             value: Some(value.to_owned()),
-            note: Some(note.to_owned()),
+            notes: vec![note.to_owned()],
         }
     }
 
@@ -470,7 +511,7 @@ mod tests {
             waited.len()
         );
         let read = hop(&format!("{token}|1700||web|1"), &note);
-        let parsed = Note::of(&read).unwrap();
+        let parsed = Note::all(&read).next().unwrap();
         assert_eq!(parsed.owner, 255);
         assert_eq!(parsed.since_ms, 1700);
         assert_eq!(parsed.waits_for, waited);
@@ -482,7 +523,11 @@ mod tests {
         let token = "0123456789abcdef0123456789abcdef";
         let other = "ffffffffffffffffffffffffffffffff";
         let note = format!("{other}|01|1700|3|k:2|web-1");
-        assert!(Note::of(&hop(&format!("{token}|1||web-1"), &note)).is_none());
+        assert!(
+            Note::all(&hop(&format!("{token}|1||web-1"), &note))
+                .next()
+                .is_none()
+        );
         // A value that is no lock-core token (shared marker, foreign) is
         // never followed either.
         assert!(token_of(&hop("shared", &note)).is_none());

@@ -34,13 +34,14 @@ const LOCK_CLIENT_RULES: &[&str] = &[
     "+zadd",
     "+zrem",
     "+zremrangebyscore",
+    "+zrange",
     "~acl:lock:*",
     "&acl:lock:*",
 ];
 
 /// What the operators' calls (`inspect`, `list`, `force_release`,
 /// `lockctl`) need beyond [`LOCK_CLIENT_RULES`] (docs/deployment.md).
-const OPERATOR_EXTRA_RULES: &[&str] = &["+scan", "+zcount", "+zrange"];
+const OPERATOR_EXTRA_RULES: &[&str] = &["+scan", "+zcount"];
 
 /// A server whose default user needs a password, as in production; the
 /// kit's own commands use it.

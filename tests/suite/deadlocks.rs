@@ -408,3 +408,111 @@ fn name(backend: &Backend) -> &'static str {
         Backend::Redlock(_) => "redlock",
     }
 }
+
+/// Holds `first` (as an annotated body), waits at `barrier`, then asks for
+/// `x` and `y` at once (`join!`, one task). How the wait for `x` ended,
+/// and when, goes to `x_ended` as soon as it ends.
+#[distributed_lock(key = "{first}", client = client)]
+async fn hold_then_take_both(
+    client: &LockClient,
+    first: &str,
+    x: &str,
+    y: &str,
+    barrier: &Barrier,
+    x_ended: tokio::sync::oneshot::Sender<(Result<(), LockError>, Instant)>,
+) -> Result<(), LockError> {
+    barrier.wait().await;
+    let take_x = async {
+        let result = take(client, x, Duration::ZERO).await;
+        let _ = x_ended.send((result, Instant::now()));
+    };
+    // The wait for `y` begins, and is recorded, after the one for `x`
+    // (see the test).
+    let take_y = async {
+        tokio::time::sleep(STAGGER / 4).await;
+        take(client, y, Duration::ZERO).await
+    };
+    let ((), y) = tokio::join!(take_x, take_y);
+    y
+}
+
+/// Holds `first`, waits at `barrier`, then [`STAGGER`] later asks for
+/// `second`.
+#[distributed_lock(key = "{first}", client = client)]
+async fn hold_then_take_later(
+    client: &LockClient,
+    first: &str,
+    second: &str,
+    barrier: &Barrier,
+) -> Result<(), LockError> {
+    barrier.wait().await;
+    tokio::time::sleep(STAGGER).await;
+    take(client, second, Duration::ZERO).await
+}
+
+/// The gap between the waits of [`a_cycle_through_one_of_two_waits_of_a_task_is_found`].
+const STAGGER: Duration = Duration::from_millis(20);
+
+/// A task that waits for two keys at once records both waits. Owner A
+/// holds `a` and waits for `x` and `y` together; a third owner holds `y`;
+/// B holds `x` and waits for `a`. The cycle A → x → B → a → A goes through
+/// one of A's two waits: it is found within [`DETECTED`] every time, and
+/// its youngest wait fails. The waits begin in the order that once hid
+/// the cycle for a second: A's for `x`, A's for `y`, whose record was
+/// written last and replaced the one of A's wait for `x`, then B's (the
+/// youngest of the cycle, the one to give up). B followed A to `y` and
+/// found no cycle, until A's wait for `x` refreshed its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_through_one_of_two_waits_of_a_task_is_found() {
+    let server = RedisServer::start();
+    for round in 0..5 {
+        let a = replica(&server, "a").await;
+        let b = replica(&server, "b").await;
+        let third = replica(&server, "c").await;
+        let y_held = third.lock("y", LONG_WAIT).await.unwrap();
+        let barrier = Arc::new(Barrier::new(3));
+        let (x_ended, mut x_outcome) = tokio::sync::oneshot::channel();
+        let owner_a = tokio::spawn({
+            let barrier = barrier.clone();
+            async move { hold_then_take_both(&a, "a", "x", "y", &barrier, x_ended).await }
+        });
+        let mut owner_b = tokio::spawn({
+            let barrier = barrier.clone();
+            async move {
+                let result = hold_then_take_later(&b, "x", "a", &barrier).await;
+                (result, Instant::now())
+            }
+        });
+        barrier.wait().await;
+        let closed = Instant::now();
+        // The first wait to end is the victim's: nothing else can end one.
+        let first = tokio::time::timeout(LONG_WAIT, async {
+            tokio::select! {
+                ended = &mut x_outcome => ("a's wait for x", ended.unwrap()),
+                ended = &mut owner_b => ("b", ended.unwrap()),
+            }
+        })
+        .await
+        .expect("the cycle was never broken");
+        let (victim, (result, at)) = first;
+        let took = at - closed;
+        eprintln!("round {round}: {victim} gave up {took:?} after the cycle closed");
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::WouldDeadlock, "{victim}: {err}");
+        assert!(
+            took < DETECTED,
+            "round {round}: the cycle was broken {took:?} after it closed"
+        );
+        y_held.release().await.unwrap();
+        // Everyone else ends once the victim gave up.
+        let a_result = tokio::time::timeout(LONG_WAIT, owner_a)
+            .await
+            .unwrap()
+            .unwrap();
+        if victim == "b" {
+            a_result.unwrap();
+        } else {
+            owner_b.await.unwrap().0.unwrap();
+        }
+    }
+}

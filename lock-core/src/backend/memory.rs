@@ -66,8 +66,8 @@ struct State {
     evicted: HashMap<String, (Vec<Token>, Instant)>,
     /// Waiters sets: each member, and when it expires.
     waiters: HashMap<String, Vec<(String, Instant)>>,
-    /// Wait notes: the value, and when it expires.
-    notes: HashMap<String, (String, Instant)>,
+    /// Wait notes: each wait's note, and when it expires.
+    notes: HashMap<String, Vec<(String, Instant)>>,
 }
 
 /// The holders of a shared lock or of permits.
@@ -406,7 +406,7 @@ impl MemoryStore {
     }
 
     /// Writes or refreshes a waiter's records, as `scripts::WAIT_RECORD`
-    /// and `SET .. PX` do.
+    /// does for its waiters sets and notes.
     pub(crate) fn record_wait(&self, records: &WaitRecords<'_>, ttl: Duration) {
         let now = Instant::now();
         let mut state = self.inner.lock();
@@ -416,11 +416,13 @@ impl MemoryStore {
             members.push((records.member.to_owned(), now + ttl));
         }
         for (note, value) in records.notes {
-            state.notes.insert(note.clone(), (value.clone(), now + ttl));
+            let notes = state.notes.entry(note.clone()).or_default();
+            notes.retain(|(v, expires)| *expires > now && v != value);
+            notes.push((value.clone(), now + ttl));
         }
     }
 
-    /// Removes a waiter's records, as `ZREM` and `scripts::WAIT_FORGET` do.
+    /// Removes a waiter's records, as `ZREM` does.
     pub(crate) fn forget_wait(&self, records: &WaitRecords<'_>) {
         let mut state = self.inner.lock();
         for set in records.sets {
@@ -432,13 +434,17 @@ impl MemoryStore {
             }
         }
         for (note, value) in records.notes {
-            if state.notes.get(note).is_some_and(|(v, _)| v == value) {
-                state.notes.remove(note);
+            if let Some(notes) = state.notes.get_mut(note) {
+                notes.retain(|(v, _)| v != value);
+                if notes.is_empty() {
+                    state.notes.remove(note);
+                }
             }
         }
     }
 
-    /// A lock's value and its wait note, as `scripts::WAIT_HOP` answers.
+    /// A lock's value and its live wait notes, as `scripts::WAIT_HOP`
+    /// answers.
     pub(crate) fn hop(&self, lock: &str, note: &str) -> Hop {
         let now = Instant::now();
         let state = self.inner.lock();
@@ -447,11 +453,13 @@ impl MemoryStore {
         };
         Hop {
             value: Some(held.value()),
-            note: state
-                .notes
-                .get(note)
-                .filter(|(_, expires)| *expires > now)
-                .map(|(value, _)| value.clone()),
+            notes: state.notes.get(note).map_or_else(Vec::new, |notes| {
+                notes
+                    .iter()
+                    .filter(|(_, expires)| *expires > now)
+                    .map(|(value, _)| value.clone())
+                    .collect()
+            }),
         }
     }
 

@@ -16,7 +16,7 @@ pub(crate) struct Hop {
     /// lock).
     pub(crate) value: Option<String>,
     /// The wait note beside it: what the holder that wrote it waits for.
-    pub(crate) note: Option<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// The waiters of one key as a server listed them.
@@ -56,9 +56,9 @@ pub(crate) trait WaitCommands: Server {
         });
         let notes = records.notes.iter().map(|(note, value)| {
             self.call(limit, true, move |mut conn| {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(note).arg(value).arg("PX").arg(ttl_ms);
-                async move { cmd.query_async::<()>(&mut conn).await }
+                let mut inv = Eval::new(&scripts::WAIT_RECORD, 1);
+                inv.key(note.as_str()).arg(value.as_str()).arg(ttl_ms);
+                async move { inv.invoke::<i64>(&mut conn).await.map(drop) }
             })
         });
         let (sets, notes) = futures::future::join(
@@ -84,9 +84,9 @@ pub(crate) trait WaitCommands: Server {
         });
         let notes = records.notes.iter().map(|(note, value)| {
             self.call(limit, true, move |mut conn| {
-                let mut inv = Eval::new(&scripts::WAIT_FORGET, 1);
-                inv.key(note.as_str()).arg(value.as_str());
-                async move { inv.invoke::<i64>(&mut conn).await.map(drop) }
+                let mut cmd = redis::cmd("ZREM");
+                cmd.arg(note).arg(value);
+                async move { cmd.query_async::<()>(&mut conn).await }
             })
         });
         let (sets, notes) = futures::future::join(
@@ -103,8 +103,8 @@ pub(crate) trait WaitCommands: Server {
             let mut inv = Eval::new(&scripts::WAIT_HOP, 2);
             inv.key(lock).key(note);
             async move {
-                let (value, note): (Option<String>, Option<String>) = inv.invoke(&mut conn).await?;
-                Ok(Hop { value, note })
+                let (value, notes): (Option<String>, Vec<String>) = inv.invoke(&mut conn).await?;
+                Ok(Hop { value, notes })
             }
         })
         .await

@@ -1,9 +1,11 @@
 if redis.call("TYPE", KEYS[1]).ok ~= "string" then
-  return {false, false}
+  return {false, {}}
 end
 local value = redis.call("GET", KEYS[1])
-local record = false
-if redis.call("TYPE", KEYS[2]).ok == "string" then
-  record = redis.call("GET", KEYS[2])
+local notes = {}
+if redis.call("TYPE", KEYS[2]).ok == "zset" then
+  local now = redis.call("TIME")
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  notes = redis.call("ZRANGE", KEYS[2], "(" .. ms, "+inf", "BYSCORE")
 end
-return {value, record}
+return {value, notes}
