@@ -27,12 +27,11 @@
 use lock_core::{LockClient, LockError, current_lock, distributed_lock};
 use redis::Script;
 use std::fmt;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::LazyLock;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
+#[path = "support/pause.rs"]
+mod pause;
 #[path = "support/redis.rs"]
 mod redis_for_example;
 
@@ -226,16 +225,12 @@ impl Replica {
     }
 }
 
-/// A stop-the-world pause: the process sends itself SIGSTOP, which
-/// freezes all of its threads (the heartbeat's too) until someone sends
-/// SIGCONT. The line before it tells the parent process where A stands.
+/// A stop-the-world pause, real: the process stops itself (SIGSTOP), all
+/// of its threads (the heartbeat's too), until the example sends SIGCONT.
 fn stop_dead(name: &str, balance: i64, token: u64) {
-    println!("  replica {name}: read balance {balance} with token {token}, then stops dead");
-    let _ = std::io::stdout().flush();
-    let pid = std::process::id().to_string();
-    if let Err(e) = Command::new("kill").args(["-STOP", &pid]).status() {
-        eprintln!("  replica {name}: cannot stop itself with `kill -STOP`: {e}");
-    }
+    pause::stop_dead(&format!(
+        "  replica {name}: read balance {balance} with token {token}"
+    ));
     println!("  replica {name}: wakes up and writes what it computed from {balance}");
 }
 
@@ -335,77 +330,12 @@ async fn replica_a(url: &str) -> Result<ExitCode, BoxError> {
     })
 }
 
-/// The longest any step of run 2 may take.
-const BOUND: Duration = Duration::from_secs(20);
-
-/// Replica A, a child process, killed if still there when this drops.
-struct ReplicaProcess(Child);
-
-impl ReplicaProcess {
-    fn signal(&self, signal: &str) -> Result<(), BoxError> {
-        let pid = self.0.id().to_string();
-        let status = Command::new("kill").args([signal, &pid]).status()?;
-        if !status.success() {
-            return Err(format!("kill {signal} {pid}: {status}").into());
-        }
-        Ok(())
-    }
-
-    /// Whether the process is stopped, as /proc tells (true without /proc).
-    fn is_stopped(&self) -> bool {
-        match std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())) {
-            // The state follows the command name's closing parenthesis.
-            Ok(stat) => stat
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T')),
-            Err(_) => true,
-        }
-    }
-}
-
-impl Drop for ReplicaProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.signal("-CONT");
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 /// Starts replica A in a process of its own, which deposits 100 and stops
 /// dead after its read; meanwhile B deposits 50; then A goes on. Returns
-/// whether the storage refused A's write.
+/// whether the storage refused A's write (A's exit code says).
 async fn paused_run(url: &str, b: Replica) -> Result<bool, BoxError> {
-    let mut a = ReplicaProcess(
-        Command::new(std::env::current_exe()?)
-            .args([REPLICA_A, url])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()?,
-    );
-    // A's lines, passed on as they come; the first one that says it stops
-    // dead is the cue.
-    let stdout = a.0.stdout.take().ok_or("replica A has no stdout")?;
-    let (stopped_tx, stopped_rx) = mpsc::channel();
-    let relay = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            println!("{line}");
-            if line.contains("stops dead") {
-                let _ = stopped_tx.send(());
-            }
-        }
-    });
-    tokio::task::spawn_blocking(move || stopped_rx.recv_timeout(BOUND))
-        .await?
-        .map_err(|_| "replica A did not reach its pause")?;
-    let deadline = Instant::now() + BOUND;
-    while !a.is_stopped() {
-        if Instant::now() > deadline {
-            return Err("replica A did not stop".into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let mut a = pause::PausedReplica::start(&[REPLICA_A, url])?;
+    a.stopped().await?;
 
     // Nobody renews A's lease now: it runs out within the ttl, and B gets
     // the lock with a higher token.
@@ -413,17 +343,5 @@ async fn paused_run(url: &str, b: Replica) -> Result<bool, BoxError> {
     show("B", 50, &from_b);
     from_b?;
 
-    a.signal("-CONT")?;
-    let deadline = Instant::now() + BOUND;
-    let status = loop {
-        if let Some(status) = a.0.try_wait()? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            return Err("replica A did not finish after it went on".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    let _ = relay.join();
-    Ok(status.success())
+    a.resume_and_wait().await
 }
