@@ -5,28 +5,33 @@
 //!
 //! Two replicas of the service deposit into one account. In the first run
 //! they do it at once and the lock puts them one after the other. In the
-//! second, replica A stops dead between reading the balance and writing it
-//! back (its whole runtime frozen, as in a long GC pause or a suspended
-//! VM) for longer than the lock's ttl. Replica B gets the lock meanwhile
-//! and deposits. When A wakes up it writes the balance it computed from
-//! its stale read, and the storage refuses it: B's token is higher.
+//! second, replica A runs in a process of its own (this program again,
+//! with the argument `replica-a`) and stops dead between reading the
+//! balance and writing it back: it sends itself SIGSTOP, which freezes
+//! every thread, the lock's renewal included, as a long GC pause or a
+//! suspended VM would. Its lease runs out; replica B gets the lock
+//! meanwhile and deposits. When A is let go on (SIGCONT) it writes the
+//! balance it computed from its stale read, and the storage refuses it:
+//! B's token is higher. The example exits non-zero if anything else
+//! happens.
 //!
 //! ```text
 //! cargo run --example fenced_storage                                   # starts a throwaway redis-server
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example fenced_storage  # or uses yours
 //! ```
 //!
-//! With neither `REDIS_URL` nor a `redis-server` on PATH it runs on the
-//! in-memory backend, with an in-memory storage that keeps the same rule.
+//! The storage is a Redis hash here, on the same server as the locks, and
+//! the paused replica is another process: it needs Redis (`REDIS_URL`, or
+//! a `redis-server` on PATH), and a Unix system with the `kill` command.
 
-use lock_core::{LockClient, LockClientBuilder, LockError, current_lock, distributed_lock};
+use lock_core::{LockClient, LockError, current_lock, distributed_lock};
 use redis::Script;
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::mpsc;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::Duration;
+use std::process::ExitCode;
+use std::sync::LazyLock;
 
+#[path = "support/pause.rs"]
+mod pause;
 #[path = "support/redis.rs"]
 mod redis_for_example;
 
@@ -74,38 +79,10 @@ return {1, ARGV[2]}"#
     ))
 });
 
-/// An account in the in-memory storage.
-#[derive(Clone, Copy, Debug, Default)]
-struct Account {
-    balance: i64,
-    fence: u64,
-}
-
-/// Where the storage lives; each replica opens its own connection.
-#[derive(Clone)]
-enum StorageAt {
-    Redis(String),
-    Memory(Arc<Mutex<HashMap<String, Account>>>),
-}
-
-impl StorageAt {
-    async fn open(&self) -> Result<Storage, StorageError> {
-        Ok(match self {
-            StorageAt::Redis(url) => {
-                let client = redis::Client::open(url.as_str())?;
-                Storage::Redis(client.get_multiplexed_async_connection().await?)
-            }
-            StorageAt::Memory(accounts) => Storage::Memory(accounts.clone()),
-        })
-    }
-}
-
-/// A replica's handle on the storage.
-enum Storage {
-    /// A hash per account: `balance` and `fence`.
-    Redis(redis::aio::MultiplexedConnection),
-    /// The same rule, in this process.
-    Memory(Arc<Mutex<HashMap<String, Account>>>),
+/// A replica's handle on the storage: a hash per account, `balance` and
+/// `fence`.
+struct Storage {
+    connection: redis::aio::MultiplexedConnection,
 }
 
 #[derive(Debug)]
@@ -126,6 +103,13 @@ impl From<redis::RedisError> for StorageError {
 }
 
 impl Storage {
+    async fn open(url: &str) -> Result<Storage, redis::RedisError> {
+        let client = redis::Client::open(url)?;
+        Ok(Storage {
+            connection: client.get_multiplexed_async_connection().await?,
+        })
+    }
+
     /// The balance, if `token` is not below the fence (which it raises).
     async fn read(&self, account: &str, token: u64) -> Result<i64, StorageError> {
         self.fenced(&READ, account, token, None).await
@@ -145,38 +129,19 @@ impl Storage {
         token: u64,
         balance: Option<i64>,
     ) -> Result<i64, StorageError> {
-        match self {
-            Storage::Redis(connection) => {
-                let mut connection = connection.clone();
-                let (done, value): (i64, String) = script
-                    .key(format!("fenced-storage:account:{account}"))
-                    .arg(token)
-                    .arg(balance.unwrap_or(0))
-                    .invoke_async(&mut connection)
-                    .await?;
-                match done {
-                    1 => Ok(value.parse().unwrap_or(0)),
-                    _ => Err(StorageError::Stale {
-                        token,
-                        fence: value.parse().unwrap_or(0),
-                    }),
-                }
-            }
-            Storage::Memory(accounts) => {
-                let mut accounts = accounts.lock().unwrap_or_else(PoisonError::into_inner);
-                let entry = accounts.entry(account.to_owned()).or_default();
-                if token < entry.fence {
-                    return Err(StorageError::Stale {
-                        token,
-                        fence: entry.fence,
-                    });
-                }
-                entry.fence = token;
-                if let Some(balance) = balance {
-                    entry.balance = balance;
-                }
-                Ok(entry.balance)
-            }
+        let mut connection = self.connection.clone();
+        let (done, value): (i64, String) = script
+            .key(format!("fenced-storage:account:{account}"))
+            .arg(token)
+            .arg(balance.unwrap_or(0))
+            .invoke_async(&mut connection)
+            .await?;
+        match done {
+            1 => Ok(value.parse().unwrap_or(0)),
+            _ => Err(StorageError::Stale {
+                token,
+                fence: value.parse().unwrap_or(0),
+            }),
         }
     }
 }
@@ -226,8 +191,8 @@ struct Replica {
     name: &'static str,
     locks: LockClient,
     storage: Storage,
-    /// Only for this demonstration: where replica A stops dead.
-    pause: Option<Pause>,
+    /// Only for this demonstration: replica A stops dead after its read.
+    stops_dead: bool,
 }
 
 impl Replica {
@@ -252,45 +217,33 @@ impl Replica {
             .and_then(|lock| lock.fencing_token())
             .ok_or(ServiceError::NoToken)?;
         let balance = self.storage.read(account, token).await?;
-        if let Some(pause) = &self.pause {
-            pause.stop_dead(self.name, balance, token);
+        if self.stops_dead {
+            stop_dead(self.name, balance, token);
         }
         self.storage.write(account, token, balance + amount).await?;
         Ok((balance + amount, token))
     }
 }
 
-/// A stop-the-world pause: blocks the replica's thread, and with it its
-/// whole runtime (the lock's renewal included), until told to go on.
-struct Pause {
-    paused: mpsc::Sender<()>,
-    go_on: Mutex<mpsc::Receiver<()>>,
+/// A stop-the-world pause, real: the process stops itself (SIGSTOP), all
+/// of its threads (the heartbeat's too), until the example sends SIGCONT.
+fn stop_dead(name: &str, balance: i64, token: u64) {
+    pause::stop_dead(&format!(
+        "  replica {name}: read balance {balance} with token {token}"
+    ));
+    println!("  replica {name}: wakes up and writes what it computed from {balance}");
 }
 
-impl Pause {
-    /// The longest a pause lasts if nobody says go on.
-    const BOUND: Duration = Duration::from_secs(20);
-
-    fn stop_dead(&self, name: &str, balance: i64, token: u64) {
-        println!("  replica {name}: read balance {balance} with token {token}, then stops dead");
-        let _ = self.paused.send(());
-        let go_on = self.go_on.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = go_on.recv_timeout(Self::BOUND);
-        println!("  replica {name}: wakes up and writes what it computed from {balance}");
-    }
-}
-
-async fn replica(
-    name: &'static str,
-    locks: &LockClientBuilder,
-    storage: &StorageAt,
-    pause: Option<Pause>,
-) -> Result<Replica, BoxError> {
+async fn replica(name: &'static str, url: &str, stops_dead: bool) -> Result<Replica, BoxError> {
     Ok(Replica {
         name,
-        locks: locks.clone().key_prefix("fenced-storage:").build().await?,
-        storage: storage.open().await.map_err(|e| format!("{e:?}"))?,
-        pause,
+        locks: LockClient::builder()
+            .url(url)
+            .key_prefix("fenced-storage:")
+            .build()
+            .await?,
+        storage: Storage::open(url).await?,
+        stops_dead,
     })
 }
 
@@ -307,25 +260,28 @@ fn show(name: &str, amount: i64, result: &Result<(i64, u64), ServiceError>) {
 // The two runs.
 // ---------------------------------------------------------------------------
 
+/// The argument that makes this program replica A of run 2.
+const REPLICA_A: &str = "replica-a";
+
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let backing = redis_for_example::redis_or_memory()?;
-    let storage = match &backing {
-        redis_for_example::Backing::Redis(redis) => {
-            let url = redis.url();
-            let mut connection = redis::Client::open(url.as_str())?.get_connection()?;
-            redis::cmd("DEL")
-                .arg(format!("fenced-storage:account:{ACCOUNT}"))
-                .exec(&mut connection)?;
-            StorageAt::Redis(url)
-        }
-        redis_for_example::Backing::Memory(_) => StorageAt::Memory(Arc::default()),
-    };
-    let locks = backing.builder();
+async fn main() -> Result<ExitCode, BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [role, url] = &args[..]
+        && role == REPLICA_A
+    {
+        return replica_a(url).await;
+    }
+
+    let redis = redis_for_example::redis_url()?;
+    let url = redis.url();
+    let mut connection = redis::Client::open(url.as_str())?.get_connection()?;
+    redis::cmd("DEL")
+        .arg(format!("fenced-storage:account:{ACCOUNT}"))
+        .exec(&mut connection)?;
 
     println!("\nrun 1: replicas A and B deposit 100 and 50 at once; the lock orders them");
-    let a = replica("A", &locks, &storage, None).await?;
-    let b = replica("B", &locks, &storage, None).await?;
+    let a = replica("A", &url, false).await?;
+    let b = replica("B", &url, false).await?;
     let (from_a, from_b) = tokio::join!(a.deposit(ACCOUNT, 100), b.deposit(ACCOUNT, 50));
     // In the order they held the lock, which is the order of their tokens.
     let mut results = [("A", 100, from_a), ("B", 50, from_b)];
@@ -337,82 +293,55 @@ async fn main() -> Result<(), BoxError> {
         result?;
     }
 
-    println!("\nrun 2: replica A stops dead between its read and its write, past the ttl");
-    let refused = paused_run(&locks, &storage, b).await?;
+    println!(
+        "\nrun 2: replica A, a process of its own, stops dead between its read and its write, past the ttl"
+    );
+    let refused = paused_run(&url, b).await?;
 
-    let balance = peek(&storage).await?;
+    let balance: Option<i64> = redis::cmd("HGET")
+        .arg(format!("fenced-storage:account:{ACCOUNT}"))
+        .arg("balance")
+        .query(&mut connection)?;
+    let balance = balance.unwrap_or(0);
     println!("\nbalance {balance} = 100 + 50 + 50: every deposit that succeeded, once");
     if !refused || balance != 200 {
         println!("unexpected: the stale write was not refused, or the balance is wrong");
-        std::process::exit(1);
+        return Ok(ExitCode::FAILURE);
     }
     println!("the stale write was refused: its token was below the one B had used");
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Replica A deposits 100 on a thread and runtime of its own, and stops
+/// Run 2's replica A, in the process started by [`paused_run`]: deposits
+/// 100, stopping dead after its read. Exits 0 when the storage refused its
+/// write, as it should.
+async fn replica_a(url: &str) -> Result<ExitCode, BoxError> {
+    let a = replica("A", url, true).await?;
+    let result = a.deposit(ACCOUNT, 100).await;
+    show("A", 100, &result);
+    let refused = matches!(
+        result,
+        Err(ServiceError::Storage(StorageError::Stale { .. }))
+    );
+    Ok(if refused {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Starts replica A in a process of its own, which deposits 100 and stops
 /// dead after its read; meanwhile B deposits 50; then A goes on. Returns
-/// whether the storage refused A's write.
-async fn paused_run(
-    locks: &LockClientBuilder,
-    storage: &StorageAt,
-    b: Replica,
-) -> Result<bool, BoxError> {
-    let (paused_tx, paused_rx) = mpsc::channel();
-    let (go_on_tx, go_on_rx) = mpsc::channel();
-    let pause = Pause {
-        paused: paused_tx,
-        go_on: Mutex::new(go_on_rx),
-    };
-    let (locks_a, storage_a) = (locks.clone(), storage.clone());
-    let a = std::thread::spawn(move || {
-        // A current-thread runtime: blocking its thread freezes all of it.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(async move {
-            let a = replica("A", &locks_a, &storage_a, Some(pause)).await?;
-            let result = a.deposit(ACCOUNT, 100).await;
-            show("A", 100, &result);
-            Ok::<_, BoxError>(matches!(
-                result,
-                Err(ServiceError::Storage(StorageError::Stale { .. }))
-            ))
-        })
-    });
-    // Wait until A holds the lock and is frozen, then B asks for it: A's
-    // lease runs out (nobody renews it), and B gets the lock with a higher
-    // token.
-    tokio::task::spawn_blocking(move || paused_rx.recv_timeout(Pause::BOUND)).await??;
+/// whether the storage refused A's write (A's exit code says).
+async fn paused_run(url: &str, b: Replica) -> Result<bool, BoxError> {
+    let mut a = pause::PausedReplica::start(&[REPLICA_A, url])?;
+    a.stopped().await?;
+
+    // Nobody renews A's lease now: it runs out within the ttl, and B gets
+    // the lock with a higher token.
     let from_b = b.deposit(ACCOUNT, 50).await;
     show("B", 50, &from_b);
     from_b?;
-    go_on_tx.send(())?;
-    let refused = tokio::task::spawn_blocking(move || a.join())
-        .await?
-        .map_err(|_| "replica A panicked")?
-        .map_err(|e| e.to_string())?;
-    Ok(refused)
-}
 
-/// The balance as stored, without a token (for the summary only).
-async fn peek(storage: &StorageAt) -> Result<i64, BoxError> {
-    match storage {
-        StorageAt::Redis(url) => {
-            let mut connection = redis::Client::open(url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?;
-            let balance: Option<i64> = redis::cmd("HGET")
-                .arg(format!("fenced-storage:account:{ACCOUNT}"))
-                .arg("balance")
-                .query_async(&mut connection)
-                .await?;
-            Ok(balance.unwrap_or(0))
-        }
-        StorageAt::Memory(accounts) => Ok(accounts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(ACCOUNT)
-            .map_or(0, |a| a.balance)),
-    }
+    a.resume_and_wait().await
 }

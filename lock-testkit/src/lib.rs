@@ -60,6 +60,11 @@
 //! processes and their history, a register that checks fencing tokens, and
 //! a checker of the history against the register.
 //!
+//! # Worker processes
+//!
+//! [`Flags`] reads a worker binary's command line (`--name value` pairs and
+//! bare switches) and rejects a flag nobody asked for.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -90,6 +95,7 @@
 mod binary;
 mod cluster;
 mod error;
+mod flags;
 pub mod jepsen;
 mod probe;
 mod proxy;
@@ -101,6 +107,7 @@ mod tls;
 pub use binary::{REDIS_CLI_BIN_ENV, REDIS_SERVER_BIN_ENV, redis_cli_binary, redis_server_binary};
 pub use cluster::RedisCluster;
 pub use error::TestkitError;
+pub use flags::Flags;
 pub use proxy::{Proxy, ProxyMode};
 pub use sentinel::SentinelServer;
 pub use server::{PauseGuard, RedisServer, ServerBuilder, start_servers, try_start_servers};

@@ -19,6 +19,7 @@
 
 use lock_core::{ErrorKind, LockClient, LockError, LockGuard, LockOptions};
 use lock_testkit::jepsen::{Acquired, Answer, Event, OpKind, Released, Reporter, emit, now_us};
+use lock_testkit::{Flags, TestkitError};
 use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -49,49 +50,22 @@ struct Args {
 }
 
 impl Args {
-    fn parse(mut words: impl Iterator<Item = String>) -> Result<Args, String> {
-        let ms = |value: u64| Duration::from_millis(value);
-        let mut args = Args {
-            id: 0,
-            locks: Vec::new(),
-            register: String::new(),
-            ttl: ms(500),
-            wait: ms(2000),
-            op_timeout: ms(250),
-            node_timeout: ms(100),
-            think: ms(20),
-            max_run: Duration::from_secs(120),
-            seed: 1,
-            fencing: false,
+    fn parse(words: impl Iterator<Item = String>) -> Result<Args, TestkitError> {
+        let mut flags = Flags::parse(words, &["--fencing"])?;
+        let args = Args {
+            id: flags.number("--id", 0)?,
+            locks: flags.one_or_more("--lock")?,
+            register: flags.required("--register")?,
+            ttl: flags.millis("--ttl-ms", 500)?,
+            wait: flags.millis("--wait-ms", 2000)?,
+            op_timeout: flags.millis("--op-timeout-ms", 250)?,
+            node_timeout: flags.millis("--node-timeout-ms", 100)?,
+            think: flags.millis("--think-ms", 20)?,
+            max_run: Duration::from_secs(flags.number("--max-seconds", 120)?),
+            seed: flags.number("--seed", 1)?,
+            fencing: flags.switch("--fencing"),
         };
-        while let Some(name) = words.next() {
-            if name == "--fencing" {
-                args.fencing = true;
-                continue;
-            }
-            let value = words.next().ok_or(format!("{name} needs a value"))?;
-            let number = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|e| format!("{name} {value}: {e}"))
-            };
-            match name.as_str() {
-                "--id" => args.id = u32::try_from(number()?).map_err(|e| e.to_string())?,
-                "--lock" => args.locks.push(value),
-                "--register" => args.register = value,
-                "--ttl-ms" => args.ttl = ms(number()?),
-                "--wait-ms" => args.wait = ms(number()?),
-                "--op-timeout-ms" => args.op_timeout = ms(number()?),
-                "--node-timeout-ms" => args.node_timeout = ms(number()?),
-                "--think-ms" => args.think = ms(number()?),
-                "--max-seconds" => args.max_run = Duration::from_secs(number()?),
-                "--seed" => args.seed = number()?,
-                _ => return Err(format!("unknown argument {name}")),
-            }
-        }
-        if args.locks.is_empty() || args.register.is_empty() {
-            return Err("--lock and --register are required".to_owned());
-        }
+        flags.finish()?;
         Ok(args)
     }
 }

@@ -64,7 +64,10 @@ async fn is_free(observer: &LockClient, key: &str) -> bool {
     }
 }
 
-/// Commands the server has run, `INFO` and `PING` aside: (all, `SET`).
+/// The lock's commands the server has run: (all, `SET`). Not counted:
+/// `INFO` and `PING`, and `CLIENT` subcommands, which every new connection
+/// sends (redis-rs names itself with `CLIENT SETINFO`, which Redis 7.2+
+/// and Valkey count), the connection that reads this count included.
 /// `None` on the in-memory store, which has no such count.
 fn commands(backend: &Backend) -> Option<(i64, i64)> {
     let Backend::Server(server) = backend else {
@@ -77,7 +80,10 @@ fn commands(backend: &Backend) -> Option<(i64, i64)> {
     };
     let (mut all, mut set) = (0, 0);
     for line in info.lines().filter(|line| line.starts_with("cmdstat_")) {
-        if line.starts_with("cmdstat_info:") || line.starts_with("cmdstat_ping:") {
+        if ["cmdstat_info:", "cmdstat_ping:", "cmdstat_client|"]
+            .iter()
+            .any(|housekeeping| line.starts_with(housekeeping))
+        {
             continue;
         }
         all += calls(line);

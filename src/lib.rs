@@ -1,1 +1,0 @@
-//! Examples and integration tests for lock-core.
