@@ -1,11 +1,12 @@
 //! One connection shared by every lock of a client (to a server, or to a
 //! cluster), with a bound on every call.
 //!
-//! The connection is replaced when it breaks or a call times out, and also
-//! when the tokio runtime that drives it has shut down: a client kept in a
-//! global outlives the runtime it was built on (every `#[tokio::test]` has
-//! its own), so the next call notices and connects again on the caller's
-//! runtime instead of failing.
+//! The connection is replaced when it breaks or a call times out. It is
+//! opened on lock-core's own runtime (`background.rs`), which drives it:
+//! a client kept in a global outlives the runtime it was built on (every
+//! `#[tokio::test]` has its own), and its connection with it. Should that
+//! runtime ever be gone (the system refused lock-core its thread, and the
+//! caller's runtime stood in), the next call notices and connects again.
 //!
 //! Connecting runs in a task of its own, bounded by the connect timeout,
 //! and every call that finds no connection waits for that one attempt, each
@@ -184,7 +185,7 @@ where
 impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
     /// A connection of its own to the same place, with the same settings:
     /// nothing is shared with `self`, the connection included (opened on
-    /// its first call, on the caller's runtime).
+    /// its first call).
     pub(crate) fn twin(&self) -> SharedConnection<C> {
         SharedConnection::new(self.state.connect_timeout, self.refused)
     }
@@ -232,8 +233,8 @@ impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
             return Found::Live(live);
         }
         // An attempt reports within the connect timeout, unless its runtime
-        // stopped running tasks without shutting down; then a new one runs
-        // on this caller's runtime.
+        // stopped running tasks without shutting down; then a new one
+        // starts.
         let stale_after = state.connect_timeout.saturating_mul(2);
         if let Some(pending) = attempt
             .as_ref()
