@@ -1,4 +1,4 @@
-//! lock-core's own runtime: one thread per process for the work that no
+//! lock-core's own runtime: a few threads per process for the work that no
 //! task of the user's may hold up.
 //!
 //! A user's runtime can stop serving a task at any moment: a worker thread
@@ -13,8 +13,9 @@
 //! from their own tasks: only the readiness events and the drivers live on
 //! this thread.
 //!
-//! The thread starts at first use and lives as long as the process: it
-//! sleeps in `epoll` when there is nothing to do. The heartbeat has a thread
+//! The runtime starts at first use and lives as long as the process: a
+//! thread that only waits for it to end, and two workers that sleep in
+//! `epoll` when there is nothing to do. The heartbeat has a thread
 //! of its own (see `heartbeat.rs`): its rounds can be long computations at
 //! a million leases, and nothing here should wait behind them.
 
@@ -48,6 +49,25 @@ where
 }
 
 /// Whether the code running now is on lock-core's runtime.
+/// Runs `work` on a thread of the blocking pool of the runtime it is called
+/// on (lock-core's), inside that runtime, so that tasks it spawns and
+/// sockets it opens belong to it; `None` should the thread fail. For work
+/// that blocks a while: opening a TLS connection loads the system's
+/// certificates and runs the handshake's crypto synchronously, and on
+/// lock-core's one thread that would hold up every other connection.
+pub(crate) async fn off_thread<T, F>(work: F) -> Option<T>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let runtime = Handle::current();
+    let inside = runtime.clone();
+    runtime
+        .spawn_blocking(move || inside.block_on(work))
+        .await
+        .ok()
+}
+
 #[cfg(test)]
 fn is_current() -> bool {
     match (handle(), Handle::try_current()) {
@@ -61,7 +81,12 @@ fn start() -> Option<Handle> {
     let started = std::thread::Builder::new()
         .name("lock-core".into())
         .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
+            // Two workers: a connection whose work is heavy for a moment
+            // (a TLS record, a burst of replies) holds up the others' wake-ups
+            // no longer than it takes the second worker to steal them.
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("lock-core-io")
                 .enable_all()
                 .build()
             {

@@ -155,16 +155,20 @@ impl ClientInner {
 }
 
 impl ClientInner {
-    /// Lets go of `held` without waiting: written to the connection at once
-    /// where it can be ([`release::release_now`]), so that it leaves even
-    /// when the caller's runtime is shutting down or its process exits
-    /// next; otherwise on lock-core's runtime ([`LetGo::send`]), sent again
-    /// while Redis does not answer until `until` (when it would have
-    /// expired anyway). What the guard's `Drop`, a `release` cut short, an
-    /// acquisition cut short and a hand-off nobody took all call, inside a
-    /// runtime or not.
+    /// Lets go of `held` without waiting. Where the connection allows
+    /// ([`release::release_now`]) it is written at once, so that it leaves
+    /// even when the caller's runtime is shutting down or its process exits
+    /// next. Either way it is also sent on lock-core's runtime
+    /// ([`LetGo::send`]) and awaited there, sent again while Redis does not
+    /// answer until `until` (when it would have expired anyway): a
+    /// connection cut just before would swallow the first without a word,
+    /// and both are safe to repeat. What the guard's `Drop`, a `release`
+    /// cut short, an acquisition cut short and a hand-off nobody took all
+    /// call, inside a runtime or not.
     pub(crate) fn release_in_background(self: &Arc<Self>, held: Held, how: LetGo, until: Instant) {
-        if matches!(how, LetGo::Release) && release::release_now(&self.backend, &held) {
+        let done = matches!(how, LetGo::Release) && release::release_now(&self.backend, &held);
+        if done && !self.backend.is_remote() {
+            // In memory it is done, and nothing can have swallowed it.
             return;
         }
         let inner = self.clone();

@@ -163,7 +163,7 @@ async fn two_owners_in_a_cycle_one_gives_up_within_a_second() {
         let (victim, took) = one_victim(&outcomes, closed, &["order:42", "account:7"]);
         println!(
             "{}: {victim} gave up {took:?} after the cycle closed",
-            name(&backend)
+            backend.name()
         );
         // Nothing of either wait is left: no waiters, no notes.
         for key in ["order:42", "account:7"] {
@@ -186,7 +186,7 @@ async fn three_owners_in_a_cycle_one_gives_up_within_a_second() {
         let (victim, took) = one_victim(&outcomes, closed, &["a:1", "b:2", "c:3"]);
         println!(
             "{}: {victim} gave up {took:?} after the cycle closed",
-            name(&backend)
+            backend.name()
         );
         for key in ["a:1", "b:2", "c:3"] {
             no_records(&backend, key).await;
@@ -265,7 +265,7 @@ async fn a_cycle_through_a_lock_all_holder_is_broken() {
         let (victim, took) = one_victim(&outcomes, closed, &["x:2", "y:3"]);
         println!(
             "{}: {victim} gave up {took:?} after the cycle closed",
-            name(&backend)
+            backend.name()
         );
     }
 }
@@ -370,7 +370,7 @@ async fn a_timed_out_wait_leaves_no_record() {
             err.kind(),
             ErrorKind::Contended,
             "{}: {err}",
-            name(&backend)
+            backend.name()
         );
         no_records(&backend, "job").await;
         no_records(&backend, "other").await;
@@ -398,15 +398,6 @@ async fn no_records(backend: &Backend, key: &str) {
         keys.iter().all(|k| !backend.holds(k)) || matches!(backend, Backend::Memory(_))
     })
     .await;
-}
-
-fn name(backend: &Backend) -> &'static str {
-    match backend {
-        Backend::Memory(_) => "in memory",
-        Backend::Server(_) => "one server",
-        Backend::Cluster(_) => "cluster",
-        Backend::Redlock(_) => "redlock",
-    }
 }
 
 /// Holds `first` (as an annotated body), waits at `barrier`, then asks for

@@ -8,7 +8,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{Backoff, LockClient, LockClientBuilder, MemoryStore};
-use lock_testkit::{RedisCluster, RedisServer, start_servers};
+use lock_testkit::{RedisCluster, RedisServer, TestCertificates, start_servers};
 use std::future::Future;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -162,6 +162,9 @@ pub enum Backend {
     Cluster(RedisCluster),
     /// Redlock over three independent `redis-server`s.
     Redlock(Vec<RedisServer>),
+    /// One `redis-server` reached over TLS (`rediss://`), with the
+    /// certificates of its private CA.
+    Tls(RedisServer, TestCertificates),
 }
 
 impl Backend {
@@ -185,12 +188,50 @@ impl Backend {
         Backend::Redlock(start_servers(3))
     }
 
+    /// A server that serves TLS only, or `None` (said on stderr) when the
+    /// `redis-server` in use was built without TLS.
+    pub fn tls() -> Option<Backend> {
+        let certs = TestCertificates::generate();
+        match RedisServer::builder().tls(&certs).try_start() {
+            Ok(server) => Some(Backend::Tls(server, certs)),
+            Err(e) if e.log_tail().is_some_and(|log| log.contains("TLS support")) => {
+                eprintln!("skipped over TLS: this redis-server was built without TLS");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The backends every transport and deployment the README names runs
+    /// on: one server over plain TCP and over TLS (where the binary has
+    /// it), a cluster, and Redlock.
+    pub fn every_transport() -> Vec<Backend> {
+        let mut backends = vec![Backend::server()];
+        backends.extend(Backend::tls());
+        backends.push(Backend::cluster());
+        backends.push(Backend::redlock());
+        backends
+    }
+
+    /// What the backend is, in a test's messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "in memory",
+            Backend::Server(_) => "one server",
+            Backend::Cluster(_) => "cluster",
+            Backend::Redlock(_) => "redlock",
+            Backend::Tls(..) => "one server over TLS",
+        }
+    }
+
     /// Whether `storage_key` is held anywhere. The in-memory store shows no
     /// keys: there, whether any lock is held.
     pub fn holds(&self, storage_key: &str) -> bool {
         match self {
             Backend::Memory(store) => store.held() > 0,
-            Backend::Server(server) => server.cmd(&["EXISTS", storage_key]),
+            Backend::Server(server) | Backend::Tls(server, _) => {
+                server.cmd(&["EXISTS", storage_key])
+            }
             Backend::Cluster(cluster) => {
                 let primary = cluster
                     .primary_of_key(storage_key)
@@ -212,7 +253,7 @@ impl Backend {
         };
         match self {
             Backend::Memory(_) => return false,
-            Backend::Server(server) => del(server),
+            Backend::Server(server) | Backend::Tls(server, _) => del(server),
             Backend::Cluster(cluster) => {
                 let primary = cluster
                     .primary_of_key(storage_key)
@@ -231,7 +272,7 @@ impl Backend {
         let empty = |server: &RedisServer| server.cmd::<i64>(&["DBSIZE"]) == 0;
         match self {
             Backend::Memory(store) => store.held() == 0,
-            Backend::Server(server) => empty(server),
+            Backend::Server(server) | Backend::Tls(server, _) => empty(server),
             Backend::Cluster(cluster) => cluster.nodes().iter().all(empty),
             Backend::Redlock(servers) => servers.iter().all(empty),
         }
@@ -245,6 +286,9 @@ impl Store for Backend {
             Backend::Server(server) => server.point(builder),
             Backend::Cluster(cluster) => cluster.point(builder),
             Backend::Redlock(servers) => servers.point(builder),
+            Backend::Tls(server, certs) => builder
+                .url(server.tls_url())
+                .tls_root_certificate(certs.ca_pem()),
         }
     }
 
@@ -254,6 +298,7 @@ impl Store for Backend {
             Backend::Server(server) => server.logs(),
             Backend::Cluster(cluster) => cluster.logs(),
             Backend::Redlock(servers) => servers.logs(),
+            Backend::Tls(server, _) => server.logs(),
         }
     }
 }

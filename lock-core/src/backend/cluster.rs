@@ -1,7 +1,7 @@
 //! A Redis Cluster: one cluster connection that sends each command to the
 //! primary of its key's hash slot, with a bound on every call.
 
-use super::connection::{self, Failure, SharedConnection};
+use super::connection::{self, Failure, Opens, SharedConnection};
 use super::node::redact;
 use super::{LockCommands, Server};
 use super::{LockKeys, MinReplicas, Several};
@@ -94,7 +94,7 @@ impl ClusterNode {
             seeds,
             addr: format!("cluster[{}]", hosts.join(", ")),
             min_replicas: None,
-            connection: SharedConnection::new(connect_timeout, connect_error),
+            connection: SharedConnection::new(connect_timeout, connect_error, Opens::Apart),
         })
     }
 

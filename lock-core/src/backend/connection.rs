@@ -1,12 +1,18 @@
 //! One connection shared by every lock of a client (to a server, or to a
 //! cluster), with a bound on every call.
 //!
-//! The connection is replaced when it breaks or a call times out. It is
-//! opened on lock-core's own runtime (`background.rs`), which drives it:
-//! a client kept in a global outlives the runtime it was built on (every
-//! `#[tokio::test]` has its own), and its connection with it. Should that
-//! runtime ever be gone (the system refused lock-core its thread, and the
-//! caller's runtime stood in), the next call notices and connects again.
+//! The connection is replaced when it breaks or a call times out, and also
+//! when the tokio runtime that drives it has shut down. Where it is opened,
+//! and so which runtime drives it, depends on its kind ([`Opens`]):
+//! lock-core's own connection (plain TCP) is opened on the runtime of the
+//! call that needs it, whose task then reads its replies without a hop to
+//! another thread, and whose stalls its read-turn takeover already keeps
+//! from other callers (`wire.rs`). A client kept in a global outlives the
+//! runtime it was built on (every `#[tokio::test]` has its own), so the
+//! next call notices and connects again on its own runtime. The `redis`
+//! crate's connections (TLS, Unix sockets, RESP3, Sentinel, Cluster) have a
+//! driver task that reads for every caller: they are opened on lock-core's
+//! runtime (`background.rs`), which no caller's stall or shutdown reaches.
 //!
 //! Connecting runs in a task of its own, bounded by the connect timeout,
 //! and every call that finds no connection waits for that one attempt, each
@@ -27,10 +33,25 @@ use tokio::time::Instant;
 
 pub(crate) struct SharedConnection<C> {
     state: Arc<State<C>>,
+    /// Where connections are opened.
+    opens: Opens,
     /// The error for a connection that could not be opened, in the words
     /// of the caller's messages (a refused login, a failed TLS handshake,
     /// an unreachable server).
     refused: fn(&str, redis::RedisError) -> LockError,
+}
+
+/// Where a connection is opened, and so which runtime drives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Opens {
+    /// On the runtime of the call that needs it (lock-core's own
+    /// connection: its callers read their replies themselves).
+    WhereCalled,
+    /// On lock-core's runtime, its slow steps on a thread of its blocking
+    /// pool (the `redis` crate's connections, whose driver task reads for
+    /// every caller; a TLS connection loads certificates and runs its
+    /// handshake synchronously).
+    Apart,
 }
 
 /// What the callers and the connecting task share.
@@ -166,18 +187,23 @@ impl<C: Clone + Send + Sync + 'static> State<C> {
 
 /// Opens a connection with `open`, bounded by `limit`, and tells the
 /// callers waiting for it.
-async fn connect<C, F>(reporter: Reporter<C>, limit: Duration, open: F)
+async fn connect<C, F>(reporter: Reporter<C>, limit: Duration, open: F, opens: Opens)
 where
     C: Clone + Send + Sync + 'static,
-    F: Future<Output = redis::RedisResult<C>>,
+    F: Future<Output = redis::RedisResult<C>> + Send + 'static,
 {
-    let outcome = match tokio::time::timeout(limit, open).await {
-        Ok(Ok(conn)) => {
+    let opening = tokio::time::timeout(limit, open);
+    let opened = match opens {
+        Opens::WhereCalled => Some(opening.await),
+        Opens::Apart => background::off_thread(opening).await,
+    };
+    let outcome = match opened {
+        Some(Ok(Ok(conn))) => {
             reporter.state.install(conn.clone(), reporter.generation);
             Ok((conn, reporter.generation))
         }
-        Ok(Err(e)) => Err(Failed::Refused(e)),
-        Err(_) => Err(Failed::TimedOut),
+        Some(Ok(Err(e))) => Err(Failed::Refused(e)),
+        Some(Err(_)) | None => Err(Failed::TimedOut),
     };
     reporter.report(outcome);
 }
@@ -185,16 +211,18 @@ where
 impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
     /// A connection of its own to the same place, with the same settings:
     /// nothing is shared with `self`, the connection included (opened on
-    /// its first call).
+    /// its first call, where [`Opens`] says).
     pub(crate) fn twin(&self) -> SharedConnection<C> {
-        SharedConnection::new(self.state.connect_timeout, self.refused)
+        SharedConnection::new(self.state.connect_timeout, self.refused, self.opens)
     }
 
     pub(crate) fn new(
         connect_timeout: Duration,
         refused: fn(&str, redis::RedisError) -> LockError,
+        opens: Opens,
     ) -> SharedConnection<C> {
         SharedConnection {
+            opens,
             state: Arc::new(State {
                 connect_timeout,
                 current: ArcSwapOption::empty(),
@@ -205,9 +233,15 @@ impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
         }
     }
 
-    /// The connection, when one is open, without waiting for anything.
+    /// The connection, when one is open, without waiting for anything:
+    /// also one whose runtime is shutting down (its tasks are dropped
+    /// before its sockets stop), for a write that must go out now.
     pub(crate) fn current(&self) -> Option<C> {
-        self.state.cached().map(|(conn, _)| conn)
+        self.state
+            .current
+            .load()
+            .as_ref()
+            .map(|live| live.conn.clone())
     }
 
     /// Forgets the connection of `generation` so the next call reconnects.
@@ -233,8 +267,8 @@ impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
             return Found::Live(live);
         }
         // An attempt reports within the connect timeout, unless its runtime
-        // stopped running tasks without shutting down; then a new one
-        // starts.
+        // stopped running tasks without shutting down; then a new one runs
+        // on this caller's runtime.
         let stale_after = state.connect_timeout.saturating_mul(2);
         if let Some(pending) = attempt
             .as_ref()
@@ -257,10 +291,14 @@ impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
             generation,
             outcome: tx,
         };
-        // On lock-core's runtime: the connection's readiness events and
-        // driver must not depend on a caller's runtime, which may block,
-        // stall or shut down (see `background.rs`).
-        background::spawn(connect(reporter, state.connect_timeout, open()));
+        let connecting = connect(reporter, state.connect_timeout, open(), self.opens);
+        match self.opens {
+            Opens::Apart => background::spawn(connecting),
+            Opens::WhereCalled => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(connecting)),
+                Err(_) => background::spawn(connecting),
+            },
+        }
         Found::Pending(rx)
     }
 
@@ -406,11 +444,15 @@ mod tests {
 
     impl Fixture {
         fn new(connect_timeout: Duration) -> Fixture {
+            Fixture::opening(connect_timeout, Opens::WhereCalled)
+        }
+
+        fn opening(connect_timeout: Duration, opens: Opens) -> Fixture {
             let refused = |addr: &str, e: redis::RedisError| {
                 from_redis(e).with_message(format!("refused by {addr}"))
             };
             Fixture {
-                connection: SharedConnection::new(connect_timeout, refused),
+                connection: SharedConnection::new(connect_timeout, refused, opens),
                 opens: Arc::default(),
             }
         }
@@ -516,18 +558,18 @@ mod tests {
         );
     }
 
-    /// An attempt started by a caller whose runtime shuts down goes on, on
-    /// lock-core's runtime: a caller on another runtime gets its
-    /// connection, and nothing connects twice.
+    /// An attempt of a connection opened apart, started by a caller whose
+    /// runtime shuts down, goes on, on lock-core's runtime: a caller on
+    /// another runtime gets its connection, and nothing connects twice.
     #[test]
-    fn an_attempt_outlives_the_runtime_that_started_it() {
+    fn an_attempt_opened_apart_outlives_the_runtime_that_started_it() {
         let runtime = || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap()
         };
-        let fixture = Fixture::new(Duration::from_secs(5));
+        let fixture = Fixture::opening(Duration::from_secs(5), Opens::Apart);
         // The first attempt takes a while; a second one would be refused.
         let open = |n: usize| match n {
             // Lazy, as a real attempt: its timer is made where it runs.
@@ -551,5 +593,40 @@ mod tests {
         let answer = runtime().block_on(fixture.call(Duration::from_secs(5), &open));
         assert_eq!(answer.unwrap(), 7);
         assert_eq!(fixture.opens(), 1);
+    }
+
+    /// The attempt runs on a runtime that shuts down while a caller on
+    /// another runtime waits for it: the caller connects on its own.
+    #[test]
+    fn an_attempt_whose_runtime_shuts_down_is_started_again() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let fixture = Fixture::new(Duration::from_secs(5));
+        // The first attempt never ends by itself; later ones do at once.
+        let open = |n: usize| match n {
+            0 => futures::future::pending().boxed(),
+            _ => futures::future::ready(Ok(7)).boxed(),
+        };
+        let first = runtime();
+        let err = first
+            .block_on(fixture.call(Duration::from_millis(20), &open))
+            .unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+
+        let answer = runtime().block_on(async {
+            let shut_down = tokio::task::spawn_blocking(move || drop(first));
+            // Polled first: it waits for the first attempt before the
+            // first runtime goes.
+            let (answer, shut_down) =
+                tokio::join!(fixture.call(Duration::from_secs(5), &open), shut_down);
+            shut_down.unwrap();
+            answer
+        });
+        assert_eq!(answer.unwrap(), 7);
+        assert_eq!(fixture.opens(), 2);
     }
 }

@@ -2,7 +2,7 @@
 //! bound on every call.
 
 use super::Server;
-use super::connection::{self, Failure, SharedConnection};
+use super::connection::{self, Failure, Opens, SharedConnection};
 use super::wire::Wire;
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
@@ -262,19 +262,28 @@ impl Node {
             addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
             connect_timeout,
             min_replicas: None,
-            connection: SharedConnection::new(connect_timeout, connect_error),
+            connection: SharedConnection::new(connect_timeout, connect_error, Opens::Apart),
         })
     }
 
     fn with_client(client: redis::Client, connect_timeout: Duration) -> Node {
         let info = client.get_connection_info();
         let addr = info.addr().to_string();
+        // lock-core's own connection where it serves (see `Target::open`).
+        let opens = match info.addr() {
+            redis::ConnectionAddr::Tcp(..)
+                if info.redis_settings().protocol() == redis::ProtocolVersion::RESP2 =>
+            {
+                Opens::WhereCalled
+            }
+            _ => Opens::Apart,
+        };
         Node {
             target: Target::Direct(client),
             addr,
             connect_timeout,
             min_replicas: None,
-            connection: SharedConnection::new(connect_timeout, connect_error),
+            connection: SharedConnection::new(connect_timeout, connect_error, opens),
         }
     }
 

@@ -269,8 +269,14 @@ async fn serve(
     let mut attempt = 0u32;
     let mut reconnected = false;
     loop {
-        let connected = tokio::time::timeout(CONNECT, client.get_async_pubsub()).await;
-        let Ok(Ok(pubsub)) = connected else {
+        // Off lock-core's thread, as every connection is opened (see
+        // `connection.rs`).
+        let opening = client.clone();
+        let connected = crate::background::off_thread(async move {
+            tokio::time::timeout(CONNECT, opening.get_async_pubsub()).await
+        })
+        .await;
+        let Some(Ok(Ok(pubsub))) = connected else {
             // Asked while away: no subscription now, the waiter's timer
             // stands in.
             let pause = RECONNECT
