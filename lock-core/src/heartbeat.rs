@@ -37,6 +37,7 @@
 //! in-memory store, which needs no I/O, the task runs on the runtime of the
 //! first guard that needed it.)
 
+use crate::admission::{self, Admission, Load};
 use crate::backend::{BATCH, Backend, RenewOutcome, Renewable};
 use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
@@ -64,6 +65,8 @@ pub(crate) struct Heartbeat {
     wake: Notify,
     /// The bound on each round's call.
     op_timeout: Duration,
+    /// Whether a new lease may join (see `admission.rs`).
+    admission: Arc<Admission>,
 }
 
 #[derive(Default)]
@@ -84,6 +87,9 @@ struct Schedule {
     /// Whether the last round left overdue leases waiting: renewals then
     /// come as late as is safe (see [`next_renewal`]).
     behind: bool,
+    /// When the round under way was taken: its busy time, for the
+    /// capacity, runs from there to the end of its answers.
+    round_taken: Option<Instant>,
 }
 
 /// The size limit of a round: between [`BATCH`] and [`MAX_ROUND`].
@@ -113,6 +119,9 @@ struct Entry {
     lease: Arc<Lease>,
     due: Instant,
     in_flight: bool,
+    /// What it asks of the heartbeat ([`admission::cost`]), as counted in
+    /// the demand.
+    cost: u64,
 }
 
 /// A lease's place in the schedule; leaving it is [`Heartbeat::leave`].
@@ -137,12 +146,17 @@ pub(crate) struct Enrolment {
 /// than the renewals themselves. An entry is in `by_due`, under its due
 /// time, exactly when it is not in flight; every change goes through the
 /// methods here, which keep that so.
+///
+/// It also keeps the demand of the leases for admission (`admission.rs`),
+/// republished on every change.
 #[derive(Default)]
 struct Slots {
     slots: Vec<Slot>,
     free: Vec<usize>,
     next_id: u32,
     by_due: BTreeSet<(Instant, Enrolment)>,
+    load: Load,
+    admission: Arc<Admission>,
 }
 
 struct Slot {
@@ -163,12 +177,16 @@ impl Slots {
     fn insert(&mut self, lease: Arc<Lease>, due: Instant) -> Enrolment {
         self.next_id = self.next_id.wrapping_add(1);
         let id = NonZeroU32::new(self.next_id).unwrap_or(NonZeroU32::MIN);
+        let cost = admission::cost(lease.ttl());
+        self.load.joined(cost);
+        self.load.publish(&self.admission);
         let slot = Slot {
             id,
             entry: Some(Entry {
                 lease,
                 due,
                 in_flight: false,
+                cost,
             }),
         };
         let index = match self.free.pop() {
@@ -227,6 +245,8 @@ impl Slots {
                 self.by_due.remove(&(entry.due, at));
             }
             self.free.push(at.index as usize);
+            self.load.left(entry.cost);
+            self.load.publish(&self.admission);
         }
         if self.is_empty() && self.slots.len() > 1024 {
             // Give back what a burst of locks grew.
@@ -235,7 +255,7 @@ impl Slots {
         }
     }
 
-    /// Moves `lease`'s next renewal to `due`.
+    /// Moves `lease`'s next renewal to `due` (its ttl may have changed).
     fn set_due(&mut self, at: Enrolment, lease: &Arc<Lease>, due: Instant) {
         if self.get_of(at, lease).is_none() {
             return;
@@ -244,7 +264,12 @@ impl Slots {
             return;
         };
         let (old, in_flight) = (entry.due, entry.in_flight);
+        let (was, cost) = (entry.cost, admission::cost(lease.ttl()));
         entry.due = due;
+        entry.cost = cost;
+        self.load.left(was);
+        self.load.joined(cost);
+        self.load.publish(&self.admission);
         if !in_flight {
             self.by_due.remove(&(old, at));
             self.by_due.insert((due, at));
@@ -281,11 +306,35 @@ impl Slots {
 
 impl Heartbeat {
     pub(crate) fn new(op_timeout: Duration) -> Heartbeat {
+        let schedule = Schedule::default();
+        let admission = schedule.leases.admission.clone();
         Heartbeat {
-            state: Mutex::default(),
+            state: Mutex::new(schedule),
             wake: Notify::new(),
             op_timeout,
+            admission,
         }
+    }
+
+    /// Whether a new lease may join, without taking the schedule's lock.
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// The measured renewal capacity, in leases renewed a second, once a
+    /// round was timed (see `admission.rs`).
+    pub(crate) fn capacity(&self) -> Option<f64> {
+        self.lock().leases.load.capacity()
+    }
+
+    /// Caps the renewal capacity at `renewals_per_second`, whatever is
+    /// measured: a small capacity for tests.
+    pub(crate) fn set_capacity_ceiling(&self, renewals_per_second: f64) {
+        let schedule = self.lock();
+        let leases = &schedule.leases;
+        leases
+            .load
+            .set_ceiling(&leases.admission, renewals_per_second);
     }
 
     /// How many leases are being renewed.
@@ -506,6 +555,7 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     // Busy with a round: new leases are due later than it ends.
     schedule.alarm = Some(now);
+    schedule.round_taken = Some(now);
     let cap = schedule.cap.0;
     let (mut wanted, mut next, expired) = gather(&mut schedule.leases, now, cap);
     // Falling behind: leases lost at their deadline while waiting for a
@@ -546,6 +596,10 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     report_backlog(&mut schedule, backlog + left_waiting, now);
     schedule.behind = left_waiting > 0;
+    // Behind, or late with some: no new lease until a round keeps up.
+    let leases = &mut schedule.leases;
+    leases.load.set_behind(left_waiting + backlog > 0);
+    leases.load.publish(&leases.admission);
     let next = next.map_or(now + IDLE, |due| due.max(now + Duration::from_millis(1)));
     (round, next)
 }
@@ -626,6 +680,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
     schedule.last_round = now.saturating_duration_since(sent);
+    let taken = schedule.round_taken.take().unwrap_or(sent);
     let answered = answers
         .iter()
         .filter(|a| !matches!(a, RenewOutcome::Failed | RenewOutcome::Refused))
@@ -668,6 +723,10 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             }
         }
     }
+    // The round's cost, taking and answers included, for the capacity.
+    let leases = &mut schedule.leases;
+    leases.load.round(round.len(), taken.elapsed());
+    leases.load.publish(&leases.admission);
 }
 
 /// Renews a round: the leases of one key each in batched script calls, the
