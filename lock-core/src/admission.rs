@@ -26,11 +26,23 @@
 //!   rounds run back to back. A slow server, or a client whose CPU is
 //!   busy, lowers it at once.
 //!
-//! A new lease is admitted while demand stays under [`HEADROOM`] of the
-//! capacity and the heartbeat is not behind (its last round left no
-//! overdue lease waiting). The margin is for what the figures do not see:
-//! leases gathered early into shared rounds (a few renewals more than
-//! three per ttl), a server slowing down, retries. Before the first
+//! Two thresholds, both on the measured capacity:
+//!
+//! - Once the demand passes [`STRETCH_AT`] of it, the heartbeat renews
+//!   each lease as late as still leaves a third of its ttl before its
+//!   deadline, not a third of its ttl after the last renewal (see the
+//!   heartbeat's `next_renewal`): about three renewals every two ttls
+//!   instead of three a ttl, so the same capacity keeps twice the leases,
+//!   each still with a third of its ttl for retries.
+//! - A new lease is admitted while the demand at that late pace (half the
+//!   nominal one, [`STRETCH`]) stays under [`HEADROOM`] of the capacity,
+//!   and the heartbeat is not pressed: its last round found no lease with
+//!   less than a quarter of its ttl left before its deadline (at the late
+//!   pace a lease is taken with a third left), and no lease lost at its
+//!   deadline.
+//!
+//! The margin is for what the figures do not see: leases gathered early
+//! into shared rounds, a server slowing down, retries. Before the first
 //! round there is no figure and every lease is admitted.
 //!
 //! The acquisition path reads one atomic ([`Admission::spare`]): what the
@@ -44,8 +56,18 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The share of the measured capacity that leases may ask for.
+/// The share of the measured capacity that leases may ask for, at the
+/// late pace.
 pub(crate) const HEADROOM: f64 = 0.8;
+
+/// How many times fewer renewals a lease asks at the late pace than at the
+/// nominal one (about a renewal every two thirds of its ttl instead of
+/// every third).
+const STRETCH: f64 = 2.0;
+
+/// The share of the capacity past which the heartbeat renews at the late
+/// pace.
+const STRETCH_AT: f64 = 0.7;
 
 /// How much of the last round's figures the average keeps per round: the
 /// capacity follows about the last twenty rounds.
@@ -62,7 +84,8 @@ const MILLI: f64 = 1000.0;
 /// What a new acquisition reads, without a lock.
 pub(crate) struct Admission {
     /// How many more renewals a second (in thousandths) the heartbeat can
-    /// take on: `u64::MAX` while nothing is measured, 0 while behind.
+    /// take on, at the nominal pace: `u64::MAX` while nothing is
+    /// measured, 0 while pressed.
     spare: AtomicU64,
     /// A ceiling on the capacity (thousandths of renewals a second), for
     /// tests that want a small one; `u64::MAX` when unset.
@@ -140,7 +163,7 @@ impl Admission {
         let spare = self.spare.load(Ordering::Relaxed);
         let renewals = cost(ttl) as f64 / MILLI;
         let state = if spare == 0 {
-            "its renewals are already falling behind or use all it can renew".to_owned()
+            "its renewals already run close to their deadlines or use all it can renew".to_owned()
         } else {
             format!(
                 "it can take on {:.1} more renewals a second and a lease of this ttl needs \
@@ -166,8 +189,9 @@ pub(crate) struct Load {
     /// Leases renewed and seconds busy, decayed by [`DECAY`] each round.
     renewed: f64,
     busy: f64,
-    /// The last round left overdue leases waiting.
-    behind: bool,
+    /// The last round found a lease close to its deadline (see the
+    /// module's doc).
+    pressed: bool,
 }
 
 impl Load {
@@ -187,8 +211,15 @@ impl Load {
         self.busy = self.busy * DECAY + busy.as_secs_f64();
     }
 
-    pub(crate) fn set_behind(&mut self, behind: bool) {
-        self.behind = behind;
+    pub(crate) fn set_pressed(&mut self, pressed: bool) {
+        self.pressed = pressed;
+    }
+
+    /// Whether leases should be renewed at the late pace: the demand
+    /// passed [`STRETCH_AT`] of the capacity.
+    pub(crate) fn stretched(&self) -> bool {
+        self.capacity()
+            .is_some_and(|c| self.demand as f64 > c * MILLI * STRETCH_AT)
     }
 
     /// The measured capacity in renewals a second, once a round was timed.
@@ -199,14 +230,15 @@ impl Load {
     /// What the heartbeat can still take on (thousandths of renewals a
     /// second), given a ceiling on its capacity.
     fn spare(&self, ceiling: u64) -> u64 {
-        if self.behind {
+        if self.pressed {
             return 0;
         }
         let measured = self
             .capacity()
             .map_or(u64::MAX, |c| (c * MILLI).min(u64::MAX as f64) as u64);
-        let limit = (measured.min(ceiling) as f64 * HEADROOM) as u64;
-        limit.saturating_sub(self.demand)
+        // In nominal renewals: the demand is counted at the nominal pace.
+        let limit = (measured.min(ceiling) as f64 * HEADROOM * STRETCH).min(u64::MAX as f64);
+        (limit as u64).saturating_sub(self.demand)
     }
 
     /// Makes the figures visible to acquisitions; wakes those waiting when
@@ -254,7 +286,7 @@ mod tests {
         // 10,000 renewals in one second of busy time.
         load.round(10_000, Duration::from_secs(1));
         let ttl = Duration::from_secs(3);
-        let admitted = (0..20_000)
+        let admitted = (0..40_000)
             .take_while(|_| {
                 load.publish(&admission);
                 let yes = admission.admits(ttl);
@@ -264,13 +296,15 @@ mod tests {
                 yes
             })
             .count();
-        assert_eq!(admitted, 8_000);
+        // 80 % of it at the late pace: half a renewal a second each.
+        assert_eq!(admitted, 16_000);
+        assert!(load.stretched());
         // One leaves: one more fits.
         load.left(cost(ttl));
         load.publish(&admission);
         assert!(admission.admits(ttl));
-        // Behind: nothing new, whatever the figures say.
-        load.set_behind(true);
+        // Pressed: nothing new, whatever the figures say.
+        load.set_pressed(true);
         load.publish(&admission);
         assert!(!admission.admits(ttl));
     }
@@ -281,7 +315,7 @@ mod tests {
         let mut load = Load::default();
         load.set_ceiling(&admission, 10.0);
         let ttl = Duration::from_secs(3);
-        for _ in 0..8 {
+        for _ in 0..16 {
             assert!(admission.admits(ttl));
             load.joined(cost(ttl));
             load.publish(&admission);

@@ -19,12 +19,16 @@
 //!   (and in that order on the wire); after a round with failed calls the
 //!   cap falls to what the server answered in time, and it doubles after
 //!   clean ones, so timed-out calls do not pile up behind each other. While
-//!   overdue leases wait, a lease renewed is due again as late as leaves
-//!   a third of its ttl (and three rounds) before its deadline, instead of
-//!   a third of its ttl after the renewal: the same renewals then serve
-//!   more leases. Leases it cannot serve are lost at their
-//!   deadlines, the others kept; a backlog of overdue leases is reported (a
-//!   WARN at most every ten seconds, and metrics).
+//!   overdue leases wait, and while the leases ask most of the measured
+//!   capacity, a lease renewed is due again as late as leaves a third of
+//!   its ttl (and three rounds) before its deadline, instead of a third of
+//!   its ttl after the renewal: the same renewals then serve more leases.
+//!   Leases it cannot serve are lost at their deadlines, the others kept;
+//!   a backlog of overdue leases is reported (a WARN at most every ten
+//!   seconds, and metrics).
+//! - It measures what it can renew, and a new lease is refused before it
+//!   is taken once the heartbeat could not keep it renewed with the others
+//!   (`admission.rs`): past capacity the client keeps what it holds.
 //!
 //! Nothing a task of the client's users does can hold a renewal up. The task
 //! runs on a thread of its own with a runtime of its own, over connections of
@@ -558,6 +562,10 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     schedule.round_taken = Some(now);
     let cap = schedule.cap.0;
     let (mut wanted, mut next, expired) = gather(&mut schedule.leases, now, cap);
+    // Pressed: a lease lost at its deadline, or one with less than a
+    // quarter of its ttl left; no new lease is admitted until a round
+    // finds none (see `admission.rs`).
+    let pressed = expired > 0 || wanted.iter().any(|w| w.close);
     // Falling behind: leases lost at their deadline while waiting for a
     // renewal, leases left out of this round though overdue, and leases
     // taken late (by more than half their renewal interval).
@@ -596,9 +604,8 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     report_backlog(&mut schedule, backlog + left_waiting, now);
     schedule.behind = left_waiting > 0;
-    // Behind, or late with some: no new lease until a round keeps up.
     let leases = &mut schedule.leases;
-    leases.load.set_behind(left_waiting + backlog > 0);
+    leases.load.set_pressed(pressed);
     leases.load.publish(&leases.admission);
     let next = next.map_or(now + IDLE, |due| due.max(now + Duration::from_millis(1)));
     (round, next)
@@ -609,13 +616,18 @@ struct Wanted {
     id: Enrolment,
     due: Instant,
     deadline: Instant,
+    /// Less than a quarter of its ttl is left before its deadline.
+    close: bool,
 }
 
-/// The leases due within a quarter of their ttl, in due order: every
-/// overdue one (so that the caller can choose by deadline), then the others
-/// until `cap` are taken; the due time of the first lease left; and how
-/// many leases were past their deadline (marked lost, and gone).
+/// The leases due within a quarter of their ttl (a twelfth while the
+/// demand is close to the capacity: a lease renewed early is a renewal the
+/// others lack), in due order: every overdue one (so that the caller can
+/// choose by deadline), then the others until `cap` are taken; the due
+/// time of the first lease left; and how many leases were past their
+/// deadline (marked lost, and gone).
 fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<Instant>, usize) {
+    let ahead = if leases.load.stretched() { 12 } else { 4 };
     let mut wanted = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
@@ -628,8 +640,14 @@ fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<
             // Past its deadline: lost, whatever a late renewal would say.
             entry.lease.mark_lost(entry.lease.deadline_reason());
             expired.push(id);
-        } else if due <= now || (wanted.len() < cap && due <= now + entry.lease.ttl() / 4) {
-            wanted.push(Wanted { id, due, deadline });
+        } else if due <= now || (wanted.len() < cap && due <= now + entry.lease.ttl() / ahead) {
+            let close = deadline < now + entry.lease.ttl() / 4;
+            wanted.push(Wanted {
+                id,
+                due,
+                deadline,
+                close,
+            });
         } else {
             // In due order, so every lease after it is due later still
             // (one with a longer ttl might have been taken early: it waits
@@ -695,7 +713,10 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
         let keep = match answer {
             RenewOutcome::Renewed => {
                 lease.renewed(sent, due.ttl);
-                let pace = schedule.behind.then_some(schedule.last_round);
+                // Late while behind, and while the demand is close to the
+                // capacity (see `admission.rs`).
+                let late = schedule.behind || schedule.leases.load.stretched();
+                let pace = late.then_some(schedule.last_round);
                 Some(next_renewal(sent, lease.valid_until(), due.ttl, pace))
             }
             RenewOutcome::NotOurs => {
