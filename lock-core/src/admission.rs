@@ -41,6 +41,12 @@
 //!   pace a lease is taken with a third left), and no lease lost at its
 //!   deadline.
 //!
+//! Only rounds whose calls all answered count: a server that does not
+//! answer at all (down, cut off) is not a capacity, and an acquisition
+//! sent to it fails as `Unavailable`, which says what is wrong. A client
+//! that holds no renewed lease admits one whatever the figures say, so
+//! that nothing measured long ago keeps it from starting again.
+//!
 //! The margin is for what the figures do not see: leases gathered early
 //! into shared rounds, a server slowing down, retries. Before the first
 //! round there is no figure and every lease is admitted.
@@ -192,6 +198,8 @@ pub(crate) struct Load {
     /// The last round found a lease close to its deadline (see the
     /// module's doc).
     pressed: bool,
+    /// Some call of the last round did not answer.
+    unanswered: bool,
 }
 
 impl Load {
@@ -205,10 +213,14 @@ impl Load {
         self.demand = self.demand.saturating_sub(cost);
     }
 
-    /// A round renewed (or tried) `leases` leases in `busy`.
-    pub(crate) fn round(&mut self, leases: usize, busy: Duration) {
-        self.renewed = self.renewed * DECAY + leases as f64;
-        self.busy = self.busy * DECAY + busy.as_secs_f64();
+    /// A round renewed (or tried) `leases` leases in `busy`; `answered`:
+    /// every call of it answered.
+    pub(crate) fn round(&mut self, leases: usize, busy: Duration, answered: bool) {
+        self.unanswered = !answered;
+        if answered {
+            self.renewed = self.renewed * DECAY + leases as f64;
+            self.busy = self.busy * DECAY + busy.as_secs_f64();
+        }
     }
 
     pub(crate) fn set_pressed(&mut self, pressed: bool) {
@@ -230,7 +242,10 @@ impl Load {
     /// What the heartbeat can still take on (thousandths of renewals a
     /// second), given a ceiling on its capacity.
     fn spare(&self, ceiling: u64) -> u64 {
-        if self.pressed {
+        if self.demand == 0 {
+            return u64::MAX;
+        }
+        if self.pressed && !self.unanswered {
             return 0;
         }
         let measured = self
@@ -284,7 +299,9 @@ mod tests {
         let admission = Admission::default();
         let mut load = Load::default();
         // 10,000 renewals in one second of busy time.
-        load.round(10_000, Duration::from_secs(1));
+        load.round(10_000, Duration::from_secs(1), true);
+        // A round whose calls went unanswered measures nothing.
+        load.round(10, Duration::from_secs(5), false);
         let ttl = Duration::from_secs(3);
         let admitted = (0..40_000)
             .take_while(|_| {
@@ -303,10 +320,21 @@ mod tests {
         load.left(cost(ttl));
         load.publish(&admission);
         assert!(admission.admits(ttl));
-        // Pressed: nothing new, whatever the figures say.
+        // Pressed after a round that answered: nothing new, whatever the
+        // figures say.
+        load.round(10_000, Duration::from_secs(1), true);
         load.set_pressed(true);
         load.publish(&admission);
         assert!(!admission.admits(ttl));
+        // Unless the server does not answer: that is no capacity.
+        load.round(10, Duration::from_secs(5), false);
+        load.publish(&admission);
+        assert!(admission.admits(ttl));
+        // With no lease left, one is admitted whatever was measured.
+        load.round(10_000, Duration::from_secs(1), true);
+        load.left(cost(ttl) * 16_000);
+        load.publish(&admission);
+        assert!(admission.admits(ttl));
     }
 
     #[test]

@@ -745,8 +745,9 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
         }
     }
     // The round's cost, taking and answers included, for the capacity.
+    let clean = answered == round.len();
     let leases = &mut schedule.leases;
-    leases.load.round(round.len(), taken.elapsed());
+    leases.load.round(round.len(), taken.elapsed(), clean);
     leases.load.publish(&leases.admission);
 }
 
