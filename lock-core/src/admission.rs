@@ -116,10 +116,9 @@ impl Default for Admission {
 /// What a lease of `ttl` asks of the heartbeat: three renewals a ttl, in
 /// thousandths of renewals a second.
 pub(crate) fn cost(ttl: Duration) -> u64 {
-    let nanos = ttl.as_nanos().max(1);
-    u64::try_from(3_000_000_000_000u128 / nanos)
-        .unwrap_or(u64::MAX)
-        .max(1)
+    // In microseconds, a 64-bit division: this runs before every attempt.
+    let micros = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX).max(1);
+    (3_000_000_000 / micros).max(1)
 }
 
 impl Admission {
