@@ -3,8 +3,8 @@
 //!
 //! Each lease is due for renewal a third of its ttl after its last
 //! successful renewal. When the task wakes it also takes every lease due
-//! within the next quarter of its ttl, so leases acquired at different moments
-//! drift into shared rounds, and sends each round as one script call per
+//! within the next quarter of its ttl (a twelfth near its capacity), so
+//! leases acquired at different moments drift into shared rounds, and sends each round as one script call per
 //! server carrying up to [`BATCH`](crate::backend::BATCH) keys: ten thousand held locks with a 3 s
 //! ttl cost a handful of calls a second, not ten thousand.
 //!
@@ -542,8 +542,8 @@ async fn run(heartbeat: Weak<Heartbeat>, backend: Weak<Backend>) {
     }
 }
 
-/// When a lease is due, takes it and every lease due within a quarter of its
-/// ttl, at most the cap of them, earliest deadline first. Otherwise returns
+/// When a lease is due, takes it and every lease due soon (see [`gather`]),
+/// at most the cap of them, earliest deadline first. Otherwise returns
 /// no lease and sets the alarm: the earliest due time, or the end of the
 /// idle period.
 fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
