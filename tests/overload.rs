@@ -1,12 +1,13 @@
 //! More held locks than a slowed server can renew in time: the heartbeat
 //! serves the most urgent first, loses only what it cannot serve, never
-//! claims a lock Redis no longer holds, and says it is overloaded.
+//! claims a lock Redis no longer holds, and says it is overloaded; and the
+//! client takes no new lock meanwhile (`ErrorKind::AtCapacity`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use futures::StreamExt;
-use lock_core::{LockClient, LockGuard, LockOptions};
+use lock_core::{ErrorKind, LockClient, LockGuard, LockOptions};
 use lock_testkit::RedisServer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -96,8 +97,18 @@ mod long {
 
         let stop = Arc::new(AtomicBool::new(false));
         let slowing = slow_down(server.port(), stop.clone());
-        for _ in 0..24 {
+        // New locks asked meanwhile: the heartbeat measures the slowdown in
+        // its rounds, and from then on refuses them without sending a SET.
+        let mut refused = 0;
+        for j in 0..24 {
             tokio::time::sleep(ttl / 6).await;
+            let options = LockOptions::new(ttl).wait(Duration::ZERO);
+            match client.lock_with(&format!("new{j}"), options).await {
+                Err(e) if e.kind() == ErrorKind::AtCapacity => refused += 1,
+                // Admitted before the slowdown was measured, or a SET the
+                // slowed server did not answer in time.
+                Ok(_) | Err(_) => {}
+            }
         }
 
         // Safety first: every guard that still claims its lock finds its key in
@@ -140,6 +151,11 @@ mod long {
         assert!(
             warnings.0.load(Ordering::Relaxed) > 0,
             "the heartbeat lost {} locks without reporting overload",
+            count - kept
+        );
+        assert!(
+            refused > 0,
+            "the client went on taking new locks while it lost {} of those it held",
             count - kept
         );
         slowing.join().unwrap();

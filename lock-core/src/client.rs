@@ -460,6 +460,25 @@ impl LockClient {
         self.inner.heartbeat.len()
     }
 
+    /// The renewal capacity the heartbeat measured, in leases renewed a
+    /// second of its busy time (`None` before its first round). New leases
+    /// are refused past a share of it ([`ErrorKind::AtCapacity`](crate::ErrorKind::AtCapacity)).
+    /// For benchmarks and tests; not a stable API.
+    #[doc(hidden)]
+    pub fn renewal_capacity(&self) -> Option<f64> {
+        self.inner.heartbeat.capacity()
+    }
+
+    /// Caps the renewal capacity at `renewals_per_second`, whatever the
+    /// heartbeat measures, so that a test reaches it with a few locks (a
+    /// lease asks three renewals per ttl). Not a stable API.
+    #[doc(hidden)]
+    pub fn limit_renewal_capacity(&self, renewals_per_second: f64) {
+        self.inner
+            .heartbeat
+            .set_capacity_ceiling(renewals_per_second);
+    }
+
     /// How many keys some task of this client holds, or waits for or is
     /// acquiring, in its in-process queue: back to zero once every guard is
     /// released or dropped and no acquisition is under way. For tests that

@@ -45,6 +45,15 @@ pub enum ErrorKind {
     /// any error; retrying later, after the other owners finished, can
     /// succeed.
     WouldDeadlock,
+    /// The client renews as many leases as it can keep renewed in time, and
+    /// another would make its heartbeat fall behind and cost locks already
+    /// held: the acquisition waited within its wait for capacity to come
+    /// back (a lease released, the server answering faster), then gave up
+    /// without sending anything. Held locks are not affected. The message
+    /// says what to change: a longer ttl (a lease is renewed three times a
+    /// ttl), fewer locks held at once, or another client. Counted by the
+    /// `lock_core_at_capacity_total` metric.
+    AtCapacity,
 }
 
 impl ErrorKind {
@@ -59,6 +68,7 @@ impl ErrorKind {
             ErrorKind::InvalidKey => "invalid lock key",
             ErrorKind::Config => "invalid lock client configuration",
             ErrorKind::WouldDeadlock => "the lock would deadlock",
+            ErrorKind::AtCapacity => "lock client is at its renewal capacity",
         }
     }
 }
@@ -292,6 +302,12 @@ impl LockError {
     /// `true` when Redis could not be reached or timed out.
     pub fn is_unavailable(&self) -> bool {
         self.kind() == ErrorKind::Unavailable
+    }
+
+    /// `true` when the client refused a new lease because its heartbeat
+    /// renews all it can ([`ErrorKind::AtCapacity`]).
+    pub fn is_at_capacity(&self) -> bool {
+        self.kind() == ErrorKind::AtCapacity
     }
 
     /// `true` when the operation timed out (a kind of [`ErrorKind::Unavailable`]).

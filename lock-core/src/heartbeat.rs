@@ -3,8 +3,8 @@
 //!
 //! Each lease is due for renewal a third of its ttl after its last
 //! successful renewal. When the task wakes it also takes every lease due
-//! within the next quarter of its ttl, so leases acquired at different moments
-//! drift into shared rounds, and sends each round as one script call per
+//! within the next quarter of its ttl (a twelfth near its capacity), so
+//! leases acquired at different moments drift into shared rounds, and sends each round as one script call per
 //! server carrying up to [`BATCH`](crate::backend::BATCH) keys: ten thousand held locks with a 3 s
 //! ttl cost a handful of calls a second, not ten thousand.
 //!
@@ -19,12 +19,16 @@
 //!   (and in that order on the wire); after a round with failed calls the
 //!   cap falls to what the server answered in time, and it doubles after
 //!   clean ones, so timed-out calls do not pile up behind each other. While
-//!   overdue leases wait, a lease renewed is due again as late as leaves
-//!   a third of its ttl (and three rounds) before its deadline, instead of
-//!   a third of its ttl after the renewal: the same renewals then serve
-//!   more leases. Leases it cannot serve are lost at their
-//!   deadlines, the others kept; a backlog of overdue leases is reported (a
-//!   WARN at most every ten seconds, and metrics).
+//!   overdue leases wait, and while the leases ask most of the measured
+//!   capacity, a lease renewed is due again as late as leaves a third of
+//!   its ttl (and three rounds) before its deadline, instead of a third of
+//!   its ttl after the renewal: the same renewals then serve more leases.
+//!   Leases it cannot serve are lost at their deadlines, the others kept;
+//!   a backlog of overdue leases is reported (a WARN at most every ten
+//!   seconds, and metrics).
+//! - It measures what it can renew, and a new lease is refused before it
+//!   is taken once the heartbeat could not keep it renewed with the others
+//!   (`admission.rs`): past capacity the client keeps what it holds.
 //!
 //! Nothing a task of the client's users does can hold a renewal up. The task
 //! runs on a thread of its own with a runtime of its own, over connections of
@@ -37,6 +41,7 @@
 //! in-memory store, which needs no I/O, the task runs on the runtime of the
 //! first guard that needed it.)
 
+use crate::admission::{self, Admission, Load};
 use crate::backend::{BATCH, Backend, RenewOutcome, Renewable};
 use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
@@ -64,6 +69,8 @@ pub(crate) struct Heartbeat {
     wake: Notify,
     /// The bound on each round's call.
     op_timeout: Duration,
+    /// Whether a new lease may join (see `admission.rs`).
+    admission: Arc<Admission>,
 }
 
 #[derive(Default)]
@@ -84,6 +91,9 @@ struct Schedule {
     /// Whether the last round left overdue leases waiting: renewals then
     /// come as late as is safe (see [`next_renewal`]).
     behind: bool,
+    /// When the round under way was taken: its busy time, for the
+    /// capacity, runs from there to the end of its answers.
+    round_taken: Option<Instant>,
 }
 
 /// The size limit of a round: between [`BATCH`] and [`MAX_ROUND`].
@@ -113,6 +123,9 @@ struct Entry {
     lease: Arc<Lease>,
     due: Instant,
     in_flight: bool,
+    /// What it asks of the heartbeat ([`admission::cost`]), as counted in
+    /// the demand.
+    cost: u64,
 }
 
 /// A lease's place in the schedule; leaving it is [`Heartbeat::leave`].
@@ -137,12 +150,17 @@ pub(crate) struct Enrolment {
 /// than the renewals themselves. An entry is in `by_due`, under its due
 /// time, exactly when it is not in flight; every change goes through the
 /// methods here, which keep that so.
+///
+/// It also keeps the demand of the leases for admission (`admission.rs`),
+/// republished on every change.
 #[derive(Default)]
 struct Slots {
     slots: Vec<Slot>,
     free: Vec<usize>,
     next_id: u32,
     by_due: BTreeSet<(Instant, Enrolment)>,
+    load: Load,
+    admission: Arc<Admission>,
 }
 
 struct Slot {
@@ -163,12 +181,16 @@ impl Slots {
     fn insert(&mut self, lease: Arc<Lease>, due: Instant) -> Enrolment {
         self.next_id = self.next_id.wrapping_add(1);
         let id = NonZeroU32::new(self.next_id).unwrap_or(NonZeroU32::MIN);
+        let cost = admission::cost(lease.ttl());
+        self.load.joined(cost);
+        self.load.publish(&self.admission);
         let slot = Slot {
             id,
             entry: Some(Entry {
                 lease,
                 due,
                 in_flight: false,
+                cost,
             }),
         };
         let index = match self.free.pop() {
@@ -227,6 +249,8 @@ impl Slots {
                 self.by_due.remove(&(entry.due, at));
             }
             self.free.push(at.index as usize);
+            self.load.left(entry.cost);
+            self.load.publish(&self.admission);
         }
         if self.is_empty() && self.slots.len() > 1024 {
             // Give back what a burst of locks grew.
@@ -235,7 +259,7 @@ impl Slots {
         }
     }
 
-    /// Moves `lease`'s next renewal to `due`.
+    /// Moves `lease`'s next renewal to `due` (its ttl may have changed).
     fn set_due(&mut self, at: Enrolment, lease: &Arc<Lease>, due: Instant) {
         if self.get_of(at, lease).is_none() {
             return;
@@ -244,7 +268,12 @@ impl Slots {
             return;
         };
         let (old, in_flight) = (entry.due, entry.in_flight);
+        let (was, cost) = (entry.cost, admission::cost(lease.ttl()));
         entry.due = due;
+        entry.cost = cost;
+        self.load.left(was);
+        self.load.joined(cost);
+        self.load.publish(&self.admission);
         if !in_flight {
             self.by_due.remove(&(old, at));
             self.by_due.insert((due, at));
@@ -281,11 +310,35 @@ impl Slots {
 
 impl Heartbeat {
     pub(crate) fn new(op_timeout: Duration) -> Heartbeat {
+        let schedule = Schedule::default();
+        let admission = schedule.leases.admission.clone();
         Heartbeat {
-            state: Mutex::default(),
+            state: Mutex::new(schedule),
             wake: Notify::new(),
             op_timeout,
+            admission,
         }
+    }
+
+    /// Whether a new lease may join, without taking the schedule's lock.
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// The measured renewal capacity, in leases renewed a second, once a
+    /// round was timed (see `admission.rs`).
+    pub(crate) fn capacity(&self) -> Option<f64> {
+        self.lock().leases.load.capacity()
+    }
+
+    /// Caps the renewal capacity at `renewals_per_second`, whatever is
+    /// measured: a small capacity for tests.
+    pub(crate) fn set_capacity_ceiling(&self, renewals_per_second: f64) {
+        let schedule = self.lock();
+        let leases = &schedule.leases;
+        leases
+            .load
+            .set_ceiling(&leases.admission, renewals_per_second);
     }
 
     /// How many leases are being renewed.
@@ -489,8 +542,8 @@ async fn run(heartbeat: Weak<Heartbeat>, backend: Weak<Backend>) {
     }
 }
 
-/// When a lease is due, takes it and every lease due within a quarter of its
-/// ttl, at most the cap of them, earliest deadline first. Otherwise returns
+/// When a lease is due, takes it and every lease due soon (see [`gather`]),
+/// at most the cap of them, earliest deadline first. Otherwise returns
 /// no lease and sets the alarm: the earliest due time, or the end of the
 /// idle period.
 fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
@@ -506,8 +559,13 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     // Busy with a round: new leases are due later than it ends.
     schedule.alarm = Some(now);
+    schedule.round_taken = Some(now);
     let cap = schedule.cap.0;
     let (mut wanted, mut next, expired) = gather(&mut schedule.leases, now, cap);
+    // Pressed: a lease lost at its deadline, or one with less than a
+    // quarter of its ttl left; no new lease is admitted until a round
+    // finds none (see `admission.rs`).
+    let pressed = expired > 0 || wanted.iter().any(|w| w.close);
     // Falling behind: leases lost at their deadline while waiting for a
     // renewal, leases left out of this round though overdue, and leases
     // taken late (by more than half their renewal interval).
@@ -546,6 +604,9 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     }
     report_backlog(&mut schedule, backlog + left_waiting, now);
     schedule.behind = left_waiting > 0;
+    let leases = &mut schedule.leases;
+    leases.load.set_pressed(pressed);
+    leases.load.publish(&leases.admission);
     let next = next.map_or(now + IDLE, |due| due.max(now + Duration::from_millis(1)));
     (round, next)
 }
@@ -555,13 +616,18 @@ struct Wanted {
     id: Enrolment,
     due: Instant,
     deadline: Instant,
+    /// Less than a quarter of its ttl is left before its deadline.
+    close: bool,
 }
 
-/// The leases due within a quarter of their ttl, in due order: every
-/// overdue one (so that the caller can choose by deadline), then the others
-/// until `cap` are taken; the due time of the first lease left; and how
-/// many leases were past their deadline (marked lost, and gone).
+/// The leases due within a quarter of their ttl (a twelfth while the
+/// demand is close to the capacity: a lease renewed early is a renewal the
+/// others lack), in due order: every overdue one (so that the caller can
+/// choose by deadline), then the others until `cap` are taken; the due
+/// time of the first lease left; and how many leases were past their
+/// deadline (marked lost, and gone).
 fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<Instant>, usize) {
+    let ahead = if leases.load.stretched() { 12 } else { 4 };
     let mut wanted = Vec::new();
     let mut expired = Vec::new();
     let mut next: Option<Instant> = None;
@@ -574,8 +640,14 @@ fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<
             // Past its deadline: lost, whatever a late renewal would say.
             entry.lease.mark_lost(entry.lease.deadline_reason());
             expired.push(id);
-        } else if due <= now || (wanted.len() < cap && due <= now + entry.lease.ttl() / 4) {
-            wanted.push(Wanted { id, due, deadline });
+        } else if due <= now || (wanted.len() < cap && due <= now + entry.lease.ttl() / ahead) {
+            let close = deadline < now + entry.lease.ttl() / 4;
+            wanted.push(Wanted {
+                id,
+                due,
+                deadline,
+                close,
+            });
         } else {
             // In due order, so every lease after it is due later still
             // (one with a longer ttl might have been taken early: it waits
@@ -626,6 +698,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     let now = Instant::now();
     let mut schedule = heartbeat.lock();
     schedule.last_round = now.saturating_duration_since(sent);
+    let taken = schedule.round_taken.take().unwrap_or(sent);
     let answered = answers
         .iter()
         .filter(|a| !matches!(a, RenewOutcome::Failed | RenewOutcome::Refused))
@@ -640,7 +713,10 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
         let keep = match answer {
             RenewOutcome::Renewed => {
                 lease.renewed(sent, due.ttl);
-                let pace = schedule.behind.then_some(schedule.last_round);
+                // Late while behind, and while the demand is close to the
+                // capacity (see `admission.rs`).
+                let late = schedule.behind || schedule.leases.load.stretched();
+                let pace = late.then_some(schedule.last_round);
                 Some(next_renewal(sent, lease.valid_until(), due.ttl, pace))
             }
             RenewOutcome::NotOurs => {
@@ -668,6 +744,11 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             }
         }
     }
+    // The round's cost, taking and answers included, for the capacity.
+    let clean = answered == round.len();
+    let leases = &mut schedule.leases;
+    leases.load.round(round.len(), taken.elapsed(), clean);
+    leases.load.publish(&leases.admission);
 }
 
 /// Renews a round: the leases of one key each in batched script calls, the

@@ -103,6 +103,8 @@ mod backend;
 // Letting go of what is held, and moving its expiry: the one release.
 mod release;
 
+// Admission control: no new lease past what the heartbeat can renew.
+mod admission;
 // The heartbeat: renews every held lease, on a thread of its own.
 mod heartbeat;
 // This process's wait queue per key, and hand-offs between its tasks.

@@ -17,7 +17,9 @@
 //! `metrics` feature: counters `lock_core_acquired_total`,
 //! `lock_core_contended_total`, `lock_core_unavailable_total`,
 //! `lock_core_lost_total`, `lock_core_released_total`,
-//! `lock_core_deadlocks_total` (acquisitions that gave up as a cycle's victim), and histograms
+//! `lock_core_deadlocks_total` (acquisitions that gave up as a cycle's victim),
+//! `lock_core_at_capacity_total` (acquisitions refused because the client's
+//! heartbeat renews all it can: `ErrorKind::AtCapacity`), and histograms
 //! `lock_core_wait_seconds` (acquisitions, successful or not) and
 //! `lock_core_hold_seconds` (from acquisition to release), and gauges
 //! `lock_core_held` (locks held through a guard of this process: up at
@@ -63,6 +65,7 @@ pub(crate) fn acquisition(
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::InvalidKey | ErrorKind::Config => "invalid",
             ErrorKind::WouldDeadlock => "deadlock",
+            ErrorKind::AtCapacity => "at_capacity",
             _ => "failed",
         },
     };
@@ -78,6 +81,7 @@ pub(crate) fn acquisition(
             "contended" => Some("lock_core_contended_total"),
             "unavailable" => Some("lock_core_unavailable_total"),
             "deadlock" => Some("lock_core_deadlocks_total"),
+            "at_capacity" => Some("lock_core_at_capacity_total"),
             _ => None,
         };
         if let Some(counter) = counter {

@@ -23,6 +23,7 @@ mod attribute_kinds;
 mod attribute_leader;
 mod behaviour;
 mod cancellation;
+mod capacity;
 mod cluster;
 mod core;
 mod deadlock_processes;

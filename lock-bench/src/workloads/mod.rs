@@ -59,6 +59,8 @@ pub struct Context {
     pub w5_locks: usize,
     /// The ttl of W5's locks.
     pub w5_ttl: Duration,
+    /// W5's runs past the renewal capacity instead (`--w5-capacity`).
+    pub w5_capacity: bool,
     /// The rows [`measure_rows`] runs (others are left out of the table).
     pub impls: Vec<Impl>,
     /// Takeovers per W7 row.

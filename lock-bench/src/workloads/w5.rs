@@ -10,6 +10,12 @@
 //! `INFO stats` (`total_reads_processed`, about the round trips); client CPU
 //! over the hold, from `/proc/self/stat`; resident memory per held lock,
 //! from `VmRSS` before taking the locks and while holding them.
+//!
+//! With `--w5-capacity` it runs past the client's renewal capacity instead,
+//! one row per run ([`CAPACITY_RUNS`]), each lock taken without waiting:
+//! how many locks were asked, granted, refused (`AtCapacity`) and lost.
+//! A client at its capacity refuses new locks to keep the ones it holds, so
+//! `lost` stays near zero however many are asked.
 
 use super::{Context, progress};
 use crate::contenders::{Impl, LOCK_CORE_PREFIX, Locker};
@@ -25,39 +31,86 @@ use std::time::{Duration, Instant};
 /// Acquisitions and releases in flight at once.
 const IN_FLIGHT: usize = 256;
 
+/// `--w5-capacity`: locks asked and their ttl, past what one client renews
+/// on a 2-core machine at a 3 s ttl (about 500,000), and a load it renews
+/// at a 30 s ttl.
+const CAPACITY_RUNS: [(usize, Duration); 3] = [
+    (800_000, Duration::from_secs(3)),
+    (1_200_000, Duration::from_secs(3)),
+    (1_000_000, Duration::from_secs(30)),
+];
+
+/// One run of W5: how many locks, their ttl, and how long each
+/// acquisition waits.
+struct Run {
+    locks: usize,
+    ttl: Duration,
+    wait: Duration,
+}
+
 /// Runs W5 on its own server.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     let Some(url) = ctx.hold_url.clone() else {
         return Err(fail("W5 needs its server"));
     };
-    progress(WorkloadId::W5, Impl::Guard);
-    let row = hold(ctx, &url).await?;
+    let runs: Vec<Run> = if ctx.w5_capacity {
+        // Past capacity a waiting acquisition would wait its whole wait:
+        // refused at once, as a try-lock is.
+        CAPACITY_RUNS
+            .iter()
+            .map(|&(locks, ttl)| Run {
+                locks,
+                ttl,
+                wait: Duration::ZERO,
+            })
+            .collect()
+    } else {
+        vec![Run {
+            locks: ctx.w5_locks,
+            ttl: ctx.w5_ttl,
+            wait: Duration::from_secs(30),
+        }]
+    };
+    let mut rows = Vec::with_capacity(runs.len());
+    for run in &runs {
+        progress(WorkloadId::W5, Impl::Guard);
+        rows.push(hold(ctx, &url, run).await?);
+    }
+    let asked: Vec<String> = runs
+        .iter()
+        .map(|run| format!("{} locks at ttl {} s", run.locks, run.ttl.as_secs_f64()))
+        .collect();
     Ok(WorkloadResult {
         id: WorkloadId::W5,
         title: "hold many locks at once with renewal",
         params: format!(
-            "{} locks, ttl {} s, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time; \
+            "{}, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time, waiting {}; \
              rate = server commands/s during the hold (a heartbeat per lock would send \
-             {:.0}/s), from INFO commandstats; cpu = client CPU time / hold time; \
+             three per ttl each), from INFO commandstats; cpu = client CPU time / hold time; \
              B/lock = VmRSS growth / locks",
-            ctx.w5_locks,
-            ctx.w5_ttl.as_secs_f64(),
+            asked.join("; "),
             ctx.w5_seconds.as_secs_f64(),
-            ctx.w5_locks as f64 / (ctx.w5_ttl.as_secs_f64() / 3.0)
+            if ctx.w5_capacity {
+                "not at all"
+            } else {
+                "up to 30 s"
+            },
         ),
-        rows: vec![row],
+        rows,
     })
 }
 
 /// Takes the locks, holds them, measures, releases them.
-async fn hold(ctx: &Context, url: &str) -> BenchResult<Row> {
+async fn hold(ctx: &Context, url: &str, run: &Run) -> BenchResult<Row> {
     let locker = Locker::connect(Impl::Guard, &[url.to_owned()]).await?;
     let client = locker
         .lock_core()
         .ok_or_else(|| fail("W5 needs a lock-core client"))?
         .clone();
     let mut admin = connect(url).await?;
-    let options = LockOptions::new(ctx.w5_ttl).wait(Duration::from_secs(30));
+    // What an earlier run left (the keys of leases it lost) is not ours.
+    redis::cmd("FLUSHALL").query_async::<()>(&mut admin).await?;
+    let options = LockOptions::new(run.ttl).wait(run.wait);
 
     // Warm up the client so the baseline includes its fixed costs.
     for i in 0..100 {
@@ -71,9 +124,11 @@ async fn hold(ctx: &Context, url: &str) -> BenchResult<Row> {
     let Taken {
         guards,
         failed,
+        refused,
         first_error,
         took,
-    } = take(&client, &options, ctx.w5_locks).await;
+    } = take(&client, &options, run.locks).await;
+    let capacity_taken = client.renewal_capacity();
     let rss_held = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
 
     let reads_before = reads_processed(&mut admin).await?;
@@ -91,6 +146,7 @@ async fn hold(ctx: &Context, url: &str) -> BenchResult<Row> {
         .saturating_sub(reads_before);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     let heartbeats = client.heartbeats_running();
+    let capacity = client.renewal_capacity();
     let stored: u64 = redis::cmd("DBSIZE").query_async(&mut admin).await?;
     let held = u64::try_from(guards.len()).unwrap_or(u64::MAX);
 
@@ -125,8 +181,15 @@ async fn hold(ctx: &Context, url: &str) -> BenchResult<Row> {
         }
     };
     row.note = format!(
-        "sent {}; run inside scripts {}; {:.1} socket reads/s; {heartbeats} heartbeats; \
+        "asked {}, granted {held}, refused {refused}, lost {}; ttl {} s; \
+         renewal capacity measured {} once taken, {} after the hold; \
+         sent {}; run inside scripts {}; {:.1} socket reads/s; {heartbeats} heartbeats; \
          {stored} keys under {}; taken in {:.2} s; {not_ours} releases found the lock gone{}",
+        run.locks,
+        lost.max(not_ours),
+        run.ttl.as_secs_f64(),
+        leases_per_second(capacity_taken),
+        leases_per_second(capacity),
         list(&mut sent.iter().copied()),
         list(&mut in_scripts.iter().copied()),
         reads as f64 / seconds,
@@ -137,6 +200,11 @@ async fn hold(ctx: &Context, url: &str) -> BenchResult<Row> {
     Ok(row)
 }
 
+/// A renewal capacity, as the note shows it.
+fn leases_per_second(capacity: Option<f64>) -> String {
+    capacity.map_or("nothing".to_owned(), |c| format!("{c:.0} leases/s"))
+}
+
 /// A command's name and how many times it ran.
 type Calls<'a> = (&'a String, &'a u64);
 
@@ -145,6 +213,9 @@ struct Taken {
     guards: Vec<LockGuard>,
     /// Acquisitions that failed, and the first one's error.
     failed: u64,
+    /// Of those, the ones refused because the client was at its renewal
+    /// capacity.
+    refused: u64,
     first_error: Option<String>,
     /// How long taking them all took.
     took: Duration,
@@ -166,6 +237,7 @@ async fn take(client: &LockClient, options: &LockOptions, locks: usize) -> Taken
     let mut taken = Taken {
         guards: Vec::with_capacity(results.len()),
         failed: 0,
+        refused: 0,
         first_error: None,
         took,
     };
@@ -174,6 +246,7 @@ async fn take(client: &LockClient, options: &LockOptions, locks: usize) -> Taken
             Ok(guard) => taken.guards.push(guard),
             Err(e) => {
                 taken.failed += 1;
+                taken.refused += u64::from(e.is_at_capacity());
                 taken.first_error.get_or_insert_with(|| e.to_string());
             }
         }
@@ -221,7 +294,7 @@ fn is_script_call(command: &str) -> bool {
 
 /// The bench's own commands to the server, not renewal traffic.
 fn is_admin(command: &str) -> bool {
-    ["info", "config", "dbsize", "monitor"]
+    ["info", "config", "dbsize", "monitor", "flushall"]
         .iter()
         .any(|admin| command == *admin || command.starts_with(&format!("{admin}|")))
 }

@@ -139,6 +139,20 @@ impl ClientInner {
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
+            if request.renew && !inner.heartbeat.admission().admits(request.ttl) {
+                // Past capacity: no SET is sent, so nothing is taken only
+                // to be lost or dropped.
+                promise(request.deadline.saturating_duration_since(Instant::now()));
+                inner
+                    .heartbeat
+                    .admission()
+                    .wait_for(request.ttl, request.deadline, request.check_at)
+                    .await
+                    .map_err(|e| {
+                        e.with_key(request.key)
+                            .with_waited(request.started.elapsed())
+                    })?;
+            }
             attempts.fetch_add(1, Ordering::Relaxed);
             promise(request.limit(inner.op_timeout));
             let (mut free_in, mut foreign, mut ahead) = (None, false, false);
