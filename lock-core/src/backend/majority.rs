@@ -84,11 +84,67 @@ pub(super) enum OnSplit {
 pub(super) enum Decision<K> {
     /// A majority voted for this outcome.
     Majority(K),
+    /// More than `N - majority` voted against: no outcome can have a
+    /// majority any more.
+    Against,
     /// The answer of this server (by index) was [`Vote::Decisive`].
     Decisive(usize),
-    /// No majority: too many said no, the vote split, or every server
-    /// answered without one agreeing.
+    /// No majority: every server answered without one agreeing, or a split
+    /// vote ran out of grace.
     NoMajority,
+}
+
+/// The votes of a quorum's servers, counted toward a decision.
+pub(super) struct Count<K> {
+    needed: usize,
+    /// More votes against than this and no majority can come.
+    most_against: usize,
+    /// How many voted for each outcome, in the order first seen.
+    outcomes: Vec<(K, usize)>,
+    against: usize,
+}
+
+impl<K: PartialEq> Count<K> {
+    /// Nothing counted yet, of `servers` votes.
+    pub(super) fn new(servers: usize) -> Count<K> {
+        let needed = majority_of(servers);
+        Count {
+            needed,
+            most_against: servers.saturating_sub(needed),
+            outcomes: Vec::new(),
+            against: 0,
+        }
+    }
+
+    /// Counts the vote of `server`: the decision, once it is made.
+    pub(super) fn add(&mut self, server: usize, vote: Vote<K>) -> Option<Decision<K>> {
+        match vote {
+            Vote::For(outcome) => {
+                let at = match self.outcomes.iter().position(|(seen, _)| *seen == outcome) {
+                    Some(at) => at,
+                    None => {
+                        self.outcomes.push((outcome, 0));
+                        self.outcomes.len() - 1
+                    }
+                };
+                self.outcomes[at].1 += 1;
+                (self.outcomes[at].1 >= self.needed)
+                    .then(|| Decision::Majority(self.outcomes.swap_remove(at).0))
+            }
+            Vote::Against => {
+                self.against += 1;
+                (self.against > self.most_against).then_some(Decision::Against)
+            }
+            Vote::Abstain => None,
+            Vote::Decisive => Some(Decision::Decisive(server)),
+        }
+    }
+
+    /// Whether a majority of the servers voted (failed calls abstain).
+    fn majority_voted(&self) -> bool {
+        let votes: usize = self.outcomes.iter().map(|(_, votes)| votes).sum();
+        votes + self.against >= self.needed
+    }
 }
 
 /// Runs `calls` (one per server, in server order) until their answers
@@ -107,7 +163,6 @@ where
 {
     let started = Instant::now();
     let servers = calls.len();
-    let needed = majority_of(servers);
     let mut running: FuturesUnordered<_> = calls
         .into_iter()
         .enumerate()
@@ -117,13 +172,9 @@ where
         by_server: (0..servers).map(|_| None).collect(),
         arrived: Vec::with_capacity(servers),
     };
-    // How many voted for each outcome, in the order first seen.
-    let mut outcomes: Vec<(K, usize)> = Vec::new();
-    // More "no" answers than this and no majority can come.
-    let most_against = servers - needed.min(servers);
-    let (mut against, mut counted) = (0, 0);
+    let mut count = Count::new(servers);
     let decision = loop {
-        let next = if on_split == OnSplit::GiveUp && counted >= needed {
+        let next = if on_split == OnSplit::GiveUp && count.majority_voted() {
             let grace = (started.elapsed() * 2).max(SPLIT_GRACE);
             match tokio::time::timeout(grace, running.next()).await {
                 Ok(next) => next,
@@ -137,30 +188,8 @@ where
         };
         let vote = vote(&answer);
         answers.arrive(i, answer);
-        match vote {
-            Vote::For(outcome) => {
-                counted += 1;
-                let at = match outcomes.iter().position(|(seen, _)| *seen == outcome) {
-                    Some(at) => at,
-                    None => {
-                        outcomes.push((outcome, 0));
-                        outcomes.len() - 1
-                    }
-                };
-                outcomes[at].1 += 1;
-                if outcomes[at].1 >= needed {
-                    break Decision::Majority(outcomes.swap_remove(at).0);
-                }
-            }
-            Vote::Against => {
-                counted += 1;
-                against += 1;
-                if against > most_against {
-                    break Decision::NoMajority;
-                }
-            }
-            Vote::Abstain => {}
-            Vote::Decisive => break Decision::Decisive(i),
+        if let Some(decision) = count.add(i, vote) {
+            break decision;
         }
     };
     Decided {
@@ -307,6 +336,40 @@ mod tests {
             .expect("waited for calls not needed")
     }
 
+    /// Counted over every server's answer at once (a renewal round), the
+    /// decision does not depend on the order of the votes.
+    #[test]
+    fn a_count_decides_yes_no_or_nothing() {
+        let decide = |votes: &[Vote]| {
+            let mut count = Count::new(votes.len());
+            votes
+                .iter()
+                .cloned()
+                .enumerate()
+                .find_map(|(server, vote)| count.add(server, vote))
+        };
+        let (yes, no, failed) = (Vote::YES, Vote::Against, Vote::Abstain);
+        assert_eq!(
+            decide(&[
+                no.clone(),
+                yes.clone(),
+                yes.clone(),
+                failed.clone(),
+                yes.clone()
+            ]),
+            Some(Decision::Majority(()))
+        );
+        // Of four, three must agree: two noes leave no majority possible.
+        assert_eq!(
+            decide(&[yes.clone(), no.clone(), no.clone(), failed.clone()]),
+            Some(Decision::Against)
+        );
+        assert_eq!(
+            decide(&[yes.clone(), no.clone(), failed.clone(), failed, yes]),
+            None
+        );
+    }
+
     #[tokio::test]
     async fn a_majority_decides_and_the_rest_finish_in_the_background() {
         let background = Arc::new(AtomicUsize::new(0));
@@ -343,7 +406,7 @@ mod tests {
         }
         let decided = within_a_second(gather(calls, yes_no, OnSplit::Wait)).await;
         let (decision, answers) = decided.drop_rest();
-        assert_eq!(decision, Decision::NoMajority);
+        assert_eq!(decision, Decision::Against);
         assert_eq!(answered(&answers), [true, true, false, false]);
         // Dropped: their receivers are gone.
         for tx in senders.take(2) {

@@ -55,7 +55,7 @@
 //! for quorums that meet only on it.
 
 use super::LockCommands;
-use super::majority::{self, OnSplit, Vote};
+use super::majority::{self, Count, Decision, OnSplit, Vote};
 use super::{Attempt, LockKeys, Node, RenewOutcome, Renewable, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
@@ -389,10 +389,8 @@ impl Quorum {
         let ttl = due.iter().map(Renewable::ttl).min().unwrap_or(limit);
         let per_node = self.node_timeout(ttl, limit);
         let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
-        let needed = self.majority();
-        let most_not_ours = self.nodes.len() - needed;
         let failed = answers.iter().filter(|a| a.error.is_some()).count();
-        if failed > most_not_ours
+        if failed > self.nodes.len() - self.majority()
             && let (Some(first), Some(e)) =
                 (due.first(), answers.iter().find_map(|a| a.error.as_ref()))
         {
@@ -400,20 +398,19 @@ impl Quorum {
         }
         (0..due.len())
             .map(|i| {
-                let (mut yes, mut no) = (0, 0);
-                for answer in &answers {
-                    match answer.each.get(i) {
-                        Some(Some(true)) => yes += 1,
-                        Some(Some(false)) => no += 1,
-                        _ => {}
-                    }
-                }
-                if yes >= needed {
-                    RenewOutcome::Renewed
-                } else if no > most_not_ours {
-                    RenewOutcome::NotOurs
-                } else {
-                    RenewOutcome::Failed
+                let mut count = Count::new(self.nodes.len());
+                let votes = answers.iter().map(|answer| match answer.each.get(i) {
+                    Some(Some(true)) => Vote::YES,
+                    Some(Some(false)) => Vote::Against,
+                    _ => Vote::Abstain,
+                });
+                let decided = votes
+                    .enumerate()
+                    .find_map(|(server, vote)| count.add(server, vote));
+                match decided {
+                    Some(Decision::Majority(())) => RenewOutcome::Renewed,
+                    Some(Decision::Against) => RenewOutcome::NotOurs,
+                    _ => RenewOutcome::Failed,
                 }
             })
             .collect()
