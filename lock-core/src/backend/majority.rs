@@ -7,7 +7,8 @@
 //! running is the caller's choice, made once on the [`Decided`] it gets:
 //! [`keep_running`](Decided::keep_running) for commands that must still
 //! reach every server (an acquisition, its undo, a release),
-//! [`drop_rest`](Decided::drop_rest) for reads and records nobody waits for.
+//! [`drop_rest`](Decided::drop_rest) for reads and wait records, whose late
+//! answers nobody needs.
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::{FutureExt, future};

@@ -465,7 +465,7 @@ impl Backend {
     }
 
     /// What holds `keys.lock` now; on Redlock, what a majority of the
-    /// servers agree on (see [`majority_state`]).
+    /// servers agree on (see [`majority_state`](operators::majority_state)).
     pub(crate) async fn inspect(
         &self,
         keys: &OperatorKeys<'_>,
