@@ -10,6 +10,8 @@ mod cluster;
 mod commands;
 // The connection a client's locks share, replaced when it breaks.
 mod connection;
+// How a Redlock quorum's answers decide: one rule, one loop.
+mod majority;
 // Locks in this process's memory, for users' tests.
 mod memory;
 // One Redis server (or Sentinel's primary) and its connection.
@@ -48,6 +50,7 @@ use crate::error::LockError;
 use crate::observe;
 use crate::token::Token;
 use futures::future::join_all;
+use majority::{Decision, OnSplit, Vote};
 use std::time::Duration;
 
 /// The storage behind a client.
@@ -462,7 +465,7 @@ impl Backend {
     }
 
     /// What holds `keys.lock` now; on Redlock, what a majority of the
-    /// servers agree on (see [`majority_state`]).
+    /// servers agree on (see [`majority_state`](operators::majority_state)).
     pub(crate) async fn inspect(
         &self,
         keys: &OperatorKeys<'_>,
@@ -473,7 +476,7 @@ impl Backend {
             Backend::Cluster(node) => node.inspect(keys, limit).await,
             Backend::Redlock(quorum) => {
                 let calls = quorum.nodes().iter().map(|n| n.inspect(keys, limit));
-                operators::majority_state(calls.collect(), quorum.majority()).await
+                operators::majority_state(calls.collect()).await
             }
             Backend::Memory(store) => Ok(store.inspect(keys.lock)),
         }
@@ -607,7 +610,7 @@ impl Backend {
                     .nodes()
                     .iter()
                     .map(|n| n.record_wait(records, ttl, limit));
-                on_majority(calls, quorum.majority()).await
+                on_majority(calls).await
             }
             Backend::Memory(store) => {
                 store.record_wait(records, ttl);
@@ -628,7 +631,7 @@ impl Backend {
             Backend::Cluster(node) => node.forget_wait(records, limit).await,
             Backend::Redlock(quorum) => {
                 let calls = quorum.nodes().iter().map(|n| n.forget_wait(records, limit));
-                on_majority(calls, quorum.majority()).await
+                on_majority(calls).await
             }
             Backend::Memory(store) => {
                 store.forget_wait(records);
@@ -651,29 +654,30 @@ impl Backend {
             Backend::Single(node) => node.hop(lock, note, limit).await,
             Backend::Cluster(node) => node.hop(lock, note, limit).await,
             Backend::Redlock(quorum) => {
-                let mut pending: futures::stream::FuturesUnordered<_> = quorum
-                    .nodes()
-                    .iter()
-                    .map(|n| n.hop(lock, note, limit))
-                    .collect();
-                let (mut answers, mut first_error) = (Vec::new(), None);
-                while let Some(answer) = futures::StreamExt::next(&mut pending).await {
+                let calls = quorum.nodes().iter().map(|n| n.hop(lock, note, limit));
+                let vote = |answer: &Result<Hop, LockError>| match answer {
+                    Ok(hop) if decisive(hop) => Vote::Decisive,
+                    other => Vote::answered(other),
+                };
+                let (decision, mut answers) =
+                    majority::gather(calls.collect(), vote, OnSplit::Wait)
+                        .await
+                        .drop_rest();
+                if let Decision::Decisive(i) = decision
+                    && let Some(Ok(hop)) = answers.by_server[i].take()
+                {
+                    return Ok(hop);
+                }
+                let mut first_error = None;
+                for answer in answers.into_arrival_order() {
                     match answer {
-                        Ok(hop) if decisive(&hop) => return Ok(hop),
-                        Ok(hop) => answers.push(hop),
+                        Ok(hop) => return Ok(hop),
                         Err(e) => {
                             first_error.get_or_insert(e);
                         }
                     }
-                    if answers.len() >= quorum.majority() {
-                        break;
-                    }
                 }
-                match (answers.into_iter().next(), first_error) {
-                    (Some(hop), _) => Ok(hop),
-                    (None, Some(e)) => Err(e),
-                    (None, None) => Ok(Hop::default()),
-                }
+                first_error.map_or_else(|| Ok(Hop::default()), Err)
             }
             Backend::Memory(store) => Ok(store.hop(lock, note)),
         }
@@ -687,16 +691,14 @@ impl Backend {
             Backend::Single(node) => node.waiters(set, limit).await,
             Backend::Cluster(node) => node.waiters(set, limit).await,
             Backend::Redlock(quorum) => {
-                let mut pending: futures::stream::FuturesUnordered<_> = quorum
-                    .nodes()
-                    .iter()
-                    .map(|n| n.waiters(set, limit))
-                    .collect();
-                let (mut best, mut answered, mut first_error) = (None::<WaitersAt>, 0, None);
-                while let Some(answer) = futures::StreamExt::next(&mut pending).await {
+                let calls = quorum.nodes().iter().map(|n| n.waiters(set, limit));
+                let (_, answers) = majority::gather(calls.collect(), Vote::answered, OnSplit::Wait)
+                    .await
+                    .drop_rest();
+                let (mut best, mut first_error) = (None::<WaitersAt>, None);
+                for answer in answers.into_arrival_order() {
                     match answer {
                         Ok(at) => {
-                            answered += 1;
                             if best
                                 .as_ref()
                                 .is_none_or(|b| at.members.len() > b.members.len())
@@ -707,9 +709,6 @@ impl Backend {
                         Err(e) => {
                             first_error.get_or_insert(e);
                         }
-                    }
-                    if answered >= quorum.majority() {
-                        break;
                     }
                 }
                 match (best, first_error) {
@@ -723,25 +722,21 @@ impl Backend {
     }
 }
 
-/// Runs `calls`, one per Redlock server, until `majority` of them succeeded
-/// (the rest are dropped) or all have answered: `Ok` with a majority, else
-/// the first error.
-async fn on_majority<F>(calls: impl Iterator<Item = F>, majority: usize) -> Result<(), LockError>
+/// Runs `calls`, one per Redlock server, until a majority of them
+/// succeeded (the rest are dropped) or all have answered: `Ok` with a
+/// majority, else the first error.
+async fn on_majority<F>(calls: impl Iterator<Item = F>) -> Result<(), LockError>
 where
     F: std::future::Future<Output = Result<(), LockError>>,
 {
-    let mut pending: futures::stream::FuturesUnordered<F> = calls.collect();
-    let (mut done, mut first_error) = (0, None);
-    while let Some(answer) = futures::StreamExt::next(&mut pending).await {
-        match answer {
-            Ok(()) => done += 1,
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-        if done >= majority {
-            return Ok(());
-        }
+    let (decision, answers) = majority::gather(calls.collect(), Vote::answered, OnSplit::Wait)
+        .await
+        .drop_rest();
+    if decision == Decision::Majority(()) {
+        return Ok(());
     }
-    first_error.map_or(Ok(()), Err)
+    answers
+        .into_arrival_order()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
 }

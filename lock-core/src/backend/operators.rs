@@ -4,10 +4,10 @@
 //! These talk in keys and raw answers; `client/operators.rs` turns them into the
 //! public [`LockState`](crate::LockState).
 
+use super::majority::{self, Decision, OnSplit, Vote};
 use super::{ClusterNode, Node, Server};
 use crate::error::{ErrorKind, LockError};
 use crate::scripts::{self, Eval};
-use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use std::time::Duration;
@@ -78,58 +78,56 @@ pub(crate) struct OperatorKeys<'a> {
 /// server frozen), the value most servers hold, the first in server order
 /// among equals; `None` when a majority answered and none holds it; else
 /// the first error.
-pub(super) async fn majority_state<F>(
-    calls: Vec<F>,
-    majority: usize,
-) -> Result<Option<RawState>, LockError>
+pub(super) async fn majority_state<F>(calls: Vec<F>) -> Result<Option<RawState>, LockError>
 where
     F: std::future::Future<Output = Result<Option<RawState>, LockError>>,
 {
-    let mut pending: FuturesUnordered<_> = calls
-        .into_iter()
-        .enumerate()
-        .map(|(i, call)| async move { (i, call.await) })
-        .collect();
-    // (server index, state, how many servers hold that value)
-    let mut held: Vec<(usize, RawState, usize)> = Vec::new();
-    let (mut free, mut first_error) = (0, None);
-    while let Some((i, answer)) = pending.next().await {
-        match answer {
-            Ok(Some(state)) => {
-                let same = holding(&state.value);
-                match held
-                    .iter_mut()
-                    .find(|(_, seen, _)| holding(&seen.value) == same)
-                {
-                    Some((first, _, votes)) => {
-                        *votes += 1;
-                        *first = (*first).min(i);
-                    }
-                    None => held.push((i, state, 1)),
-                }
-                if let Some((_, state, _)) = held.iter().find(|(.., votes)| *votes >= majority) {
-                    return Ok(Some(state.clone()));
-                }
-            }
-            Ok(None) => {
-                free += 1;
-                if free >= majority {
-                    return Ok(None);
-                }
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
+    // One outcome per value held (`None`: free).
+    let vote = |answer: &Result<Option<RawState>, LockError>| match answer {
+        Ok(state) => Vote::For(state.as_ref().map(|s| holding(&s.value).map(str::to_owned))),
+        Err(_) => Vote::Abstain,
+    };
+    let (decision, answers) = majority::gather(calls, vote, OnSplit::Wait)
+        .await
+        .drop_rest();
+    let held = match decision {
+        Decision::Majority(None) => return Ok(None),
+        Decision::Majority(Some(held)) => Some(held),
+        // Every server answered: the value most of them hold.
+        _ => most_held(&answers.by_server),
+    };
+    let Some(held) = held else {
+        // Free only on a majority's word: with most servers silent, the
+        // lock may be held there.
+        let first_error = answers.into_arrival_order().find_map(Result::err);
+        return first_error.map_or(Ok(None), Err);
+    };
+    // The value as the first server to tell it said it.
+    Ok(answers.into_arrival_order().find_map(|answer| {
+        answer
+            .ok()
+            .flatten()
+            .filter(|state| holding(&state.value).map(str::to_owned) == held)
+    }))
+}
+
+/// The value the most servers hold, the first in server order among
+/// equals; `None` when none holds one.
+fn most_held(answers: &[Option<Result<Option<RawState>, LockError>>]) -> Option<[String; 3]> {
+    // (holding, how many servers hold it), in the order first held.
+    let mut held: Vec<([&str; 3], usize)> = Vec::new();
+    for answer in answers {
+        if let Some(Ok(Some(state))) = answer {
+            let same = holding(&state.value);
+            match held.iter_mut().find(|(seen, _)| *seen == same) {
+                Some((_, votes)) => *votes += 1,
+                None => held.push((same, 1)),
             }
         }
     }
-    held.sort_by(|(a, _, a_votes), (b, _, b_votes)| b_votes.cmp(a_votes).then(a.cmp(b)));
-    match (held.into_iter().next(), first_error) {
-        (Some((_, state, _)), _) => Ok(Some(state)),
-        // Free only on a majority's word: with most servers silent, the
-        // lock may be held there.
-        (None, Some(e)) if free < majority => Err(e),
-        (None, _) => Ok(None),
-    }
+    // `max_by_key` keeps the last of equals.
+    let most = held.iter().rev().max_by_key(|(_, votes)| *votes)?;
+    Some(most.0.map(str::to_owned))
 }
 
 /// What tells two servers' values of a lock apart: an exclusive value's

@@ -9,7 +9,7 @@
 //! 3. The lock is ours if a majority (`N/2 + 1`) granted it and time is
 //!    left: `ttl - elapsed - (ttl * 1% + 2 ms) > 0`. This is decided as
 //!    soon as a majority has granted: the calls to the other
-//!    servers finish in the background (see [`until_majority`]), so a lock
+//!    servers finish in the background (see [`Quorum::gather`]), so a lock
 //!    costs the round trip of the majority's slowest server, not of the
 //!    slowest of all. An attempt that can no longer win (more servers said
 //!    no than a majority allows) is decided as soon as that is known, too.
@@ -55,27 +55,18 @@
 //! for quorums that meet only on it.
 
 use super::LockCommands;
+use super::majority::{self, Count, Decision, OnSplit, Vote};
 use super::{Attempt, LockKeys, Node, RenewOutcome, Renewable, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
 use crate::observe;
 use crate::token::{Holder, Token};
 use futures::future::join_all;
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// How many calls may be left running in the background (per client):
-/// past that, the calls an operation no longer needs are dropped instead, so
-/// that a server that stops answering cannot have calls pile up on it
-/// without bound, nor slow every operation down to its timeout. Dropping is
-/// safe: each such call only concerns a minority of the servers (a lock they
-/// keep expires with its ttl).
-const MAX_BACKGROUND: usize = 256;
 
 /// The shortest default per-server timeout.
 const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -83,10 +74,10 @@ const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// N independent servers and the settings of the quorum.
 pub(crate) struct Quorum {
     /// Shared with the calls left to finish in the background (see
-    /// [`until_majority`]).
+    /// [`Quorum::gather`]).
     nodes: Arc<[Node]>,
-    /// Calls left running by [`until_majority`], which stops leaving any
-    /// once there are [`MAX_BACKGROUND`].
+    /// Calls left running by [`Quorum::gather`], which stops leaving any
+    /// once there are [`majority::MAX_BACKGROUND`].
     background: Arc<AtomicUsize>,
     /// Set explicitly; otherwise 5 % of the ttl, within
     /// [`MIN_NODE_TIMEOUT`] and the operation timeout.
@@ -118,7 +109,7 @@ impl Quorum {
 
     /// How many servers must agree.
     pub(crate) fn majority(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        majority::majority_of(self.nodes.len())
     }
 
     /// The bound on one server's answer for a lease of `ttl`, never above
@@ -142,19 +133,17 @@ impl Quorum {
         // majority granted. With fencing, the token is the highest counter
         // of the majority that granted: any later majority meets it on a
         // server whose counter was lifted to it (see the module docs).
-        let wait_for = self.majority();
         let owned = Arc::new(OwnedKeys::new(keys));
         let calls = self.each_node(|nodes, i| {
             let (owned, token) = (owned.clone(), token.clone());
             async move { nodes[i].acquire(&owned.keys(), &token, ttl, per_node).await }
         });
-        let answers =
-            until_majority_or_split(calls, wait_for, &self.background, |answer| match answer {
-                Ok(Attempt::Granted { .. }) => Some(true),
-                Ok(Attempt::Busy { .. }) => Some(false),
-                Err(_) => None,
-            })
-            .await;
+        let vote = |answer: &Result<Attempt, LockError>| match answer {
+            Ok(Attempt::Granted { .. }) => Vote::YES,
+            Ok(Attempt::Busy { .. }) => Vote::Against,
+            Err(_) => Vote::Abstain,
+        };
+        let answers = self.gather(calls, vote, OnSplit::GiveUp).await;
         let left = majority_free_in(&answers, self.majority());
         let ahead = won_first_answer(&answers);
         let mut foreign = false;
@@ -240,18 +229,12 @@ impl Quorum {
                     .await
             }
         });
-        let answers =
-            until_majority_or_split(
-                calls,
-                self.majority(),
-                &self.background,
-                |answer| match answer {
-                    Ok(Several::Granted(_)) => Some(true),
-                    Ok(Several::Busy { .. }) => Some(false),
-                    Err(_) => None,
-                },
-            )
-            .await;
+        let vote = |answer: &Result<Several, LockError>| match answer {
+            Ok(Several::Granted(_)) => Vote::YES,
+            Ok(Several::Busy { .. }) => Vote::Against,
+            Err(_) => Vote::Abstain,
+        };
+        let answers = self.gather(calls, vote, OnSplit::GiveUp).await;
         let mut tally = Tally::new(self.majority());
         let fenced = keys.iter().all(|k| k.fence.is_some());
         let mut fences = vec![0u64; if fenced { keys.len() } else { 0 }];
@@ -368,7 +351,7 @@ impl Quorum {
                 }
             }
         });
-        let answers = until_majority(calls, self.majority(), &self.background, said).await;
+        let answers = self.gather(calls, said, OnSplit::Wait).await;
         let undecided = if exact {
             "could not set the lease's expiry on a majority of Redis servers"
         } else {
@@ -406,10 +389,8 @@ impl Quorum {
         let ttl = due.iter().map(Renewable::ttl).min().unwrap_or(limit);
         let per_node = self.node_timeout(ttl, limit);
         let answers = join_all(self.nodes.iter().map(|node| node.renew_many(due, per_node))).await;
-        let needed = self.majority();
-        let most_not_ours = self.nodes.len() - needed;
         let failed = answers.iter().filter(|a| a.error.is_some()).count();
-        if failed > most_not_ours
+        if failed > self.nodes.len() - self.majority()
             && let (Some(first), Some(e)) =
                 (due.first(), answers.iter().find_map(|a| a.error.as_ref()))
         {
@@ -417,20 +398,19 @@ impl Quorum {
         }
         (0..due.len())
             .map(|i| {
-                let (mut yes, mut no) = (0, 0);
-                for answer in &answers {
-                    match answer.each.get(i) {
-                        Some(Some(true)) => yes += 1,
-                        Some(Some(false)) => no += 1,
-                        _ => {}
-                    }
-                }
-                if yes >= needed {
-                    RenewOutcome::Renewed
-                } else if no > most_not_ours {
-                    RenewOutcome::NotOurs
-                } else {
-                    RenewOutcome::Failed
+                let mut count = Count::new(self.nodes.len());
+                let votes = answers.iter().map(|answer| match answer.each.get(i) {
+                    Some(Some(true)) => Vote::YES,
+                    Some(Some(false)) => Vote::Against,
+                    _ => Vote::Abstain,
+                });
+                let decided = votes
+                    .enumerate()
+                    .find_map(|(server, vote)| count.add(server, vote));
+                match decided {
+                    Some(Decision::Majority(())) => RenewOutcome::Renewed,
+                    Some(Decision::Against) => RenewOutcome::NotOurs,
+                    _ => RenewOutcome::Failed,
                 }
             })
             .collect()
@@ -466,13 +446,9 @@ impl Quorum {
                 }
             }
         });
-        let needed = self.majority();
         let answers = match wait {
-            Wait::Majority => until_majority(calls, needed, &self.background, said).await,
-            Wait::Undo => {
-                let answered = |answer: &Result<bool, LockError>| answer.is_ok().then_some(true);
-                until_majority(calls, needed, &self.background, answered).await
-            }
+            Wait::Majority => self.gather(calls, said, OnSplit::Wait).await,
+            Wait::Undo => self.gather(calls, Vote::answered, OnSplit::Wait).await,
         };
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
@@ -499,8 +475,7 @@ impl Quorum {
             let (key, token) = (key.clone(), token.clone());
             async move { nodes[i].send_release(&key, &token, per_node).await }
         });
-        let sent = |answer: &Result<(), LockError>| answer.is_ok().then_some(true);
-        let answers = until_majority(calls, self.majority(), &self.background, sent).await;
+        let answers = self.gather(calls, Vote::answered, OnSplit::Wait).await;
         let written = answers.iter().filter(|a| matches!(a, Some(Ok(())))).count();
         if written >= self.majority() {
             return Ok(());
@@ -530,7 +505,7 @@ impl Quorum {
     pub(crate) async fn ping(&self, limit: Duration) -> Result<(), LockError> {
         let calls =
             self.each_node(|nodes, i| async move { nodes[i].ping(limit).await.map(|()| true) });
-        let answers = until_majority(calls, self.majority(), &self.background, said).await;
+        let answers = self.gather(calls, said, OnSplit::Wait).await;
         let tally = self.tally(answers);
         if tally.granted >= tally.needed {
             Ok(())
@@ -554,11 +529,12 @@ impl Quorum {
             let key = key.clone();
             async move { nodes[i].key_type(&key, per_node).await }
         });
-        let plain = |answer: &Result<String, LockError>| {
-            let kind = answer.as_ref().ok()?;
-            Some(kind == "string" || kind == "none")
+        let plain = |answer: &Result<String, LockError>| match answer.as_deref() {
+            Ok("string" | "none") => Vote::YES,
+            Ok(_) => Vote::Against,
+            Err(_) => Vote::Abstain,
         };
-        let answers = until_majority(calls, self.majority(), &self.background, plain).await;
+        let answers = self.gather(calls, plain, OnSplit::Wait).await;
         answers.into_iter().flatten().find_map(|answer| {
             answer
                 .ok()
@@ -567,9 +543,13 @@ impl Quorum {
     }
 }
 
-/// A yes/no answer as [`until_majority`] counts it; `None` for a failed call.
-fn said(answer: &Result<bool, LockError>) -> Option<bool> {
-    answer.as_ref().ok().copied()
+/// A yes/no answer as a vote; a failed call abstains.
+fn said(answer: &Result<bool, LockError>) -> Vote {
+    match answer {
+        Ok(true) => Vote::YES,
+        Ok(false) => Vote::Against,
+        Err(_) => Vote::Abstain,
+    }
 }
 
 /// How long [`Quorum::release_on`] waits.
@@ -604,130 +584,31 @@ impl Quorum {
 
     /// One call per server, in server order: `call(nodes, i)` for the
     /// `i`th, given its own share of the servers so that it can outlive the
-    /// operation (see [`until_majority`]).
+    /// operation (see [`Quorum::gather`]).
     fn each_node<F>(&self, call: impl Fn(Arc<[Node]>, usize) -> F) -> Vec<F> {
         (0..self.nodes.len())
             .map(|i| call(self.nodes.clone(), i))
             .collect()
     }
-}
 
-/// Runs `calls` (one per server, in server order) until `needed` of them
-/// answered yes, until so many answered no that `needed` yes answers can no
-/// longer come, or until all answered. `vote` reads an answer: yes, no, or `None` for a failed call.
-/// The answers come back in server order, `None` for a call not waited for.
-///
-/// A Redlock operation is decided by the majority that answers first, so a
-/// slow server does not slow every lock. The calls still running are left
-/// to finish in a task of their own rather than dropped: their commands
-/// still reach the servers, and a server that does not answer still runs
-/// into its timeout, which replaces its connection. With
-/// [`MAX_BACKGROUND`] calls already left running (`background` counts
-/// them), the calls still running are dropped instead.
-async fn until_majority<T, F>(
-    calls: Vec<F>,
-    needed: usize,
-    background: &Arc<AtomicUsize>,
-    vote: impl Fn(&T) -> Option<bool>,
-) -> Vec<Option<T>>
-where
-    F: Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    gather(calls, needed, background, vote, false).await
-}
-
-/// [`until_majority`] for an acquisition attempt, which may give up sooner:
-/// once a majority of the servers has answered without deciding it (their
-/// grants split between contending clients), the silent rest get only a
-/// short grace, twice the time the answers took (at least [`SPLIT_GRACE`]),
-/// not their whole timeout. An attempt that gives up is undone and tried
-/// again, which is always safe; waiting out servers that are frozen would
-/// make every split vote cost their timeout.
-async fn until_majority_or_split<T, F>(
-    calls: Vec<F>,
-    needed: usize,
-    background: &Arc<AtomicUsize>,
-    vote: impl Fn(&T) -> Option<bool>,
-) -> Vec<Option<T>>
-where
-    F: Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    gather(calls, needed, background, vote, true).await
-}
-
-/// The least grace [`until_majority_or_split`] gives the silent servers.
-const SPLIT_GRACE: Duration = Duration::from_millis(5);
-
-async fn gather<T, F>(
-    calls: Vec<F>,
-    needed: usize,
-    background: &Arc<AtomicUsize>,
-    vote: impl Fn(&T) -> Option<bool>,
-    split_grace: bool,
-) -> Vec<Option<T>>
-where
-    F: Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let started = Instant::now();
-    let mut answers: Vec<Option<T>> = calls.iter().map(|_| None).collect();
-    let mut pending: FuturesUnordered<_> = calls
-        .into_iter()
-        .enumerate()
-        .map(|(i, call)| async move { (i, call.await) })
-        .collect();
-    // More "no" answers than this and `needed` yes answers can no longer
-    // come: the outcome is decided without the servers still silent. Only
-    // answers count as no; a failed call does not, so that an error reports
-    // what every server that answers in time said.
-    let most_no = answers.len().checked_sub(needed);
-    let (mut yeses, mut noes) = (0, 0);
-    loop {
-        if yeses >= needed || most_no.is_some_and(|most| noes > most) {
-            break;
-        }
-        let next = if split_grace && yeses + noes >= needed {
-            let grace = (started.elapsed() * 2).max(SPLIT_GRACE);
-            match tokio::time::timeout(grace, pending.next()).await {
-                Ok(next) => next,
-                Err(_) => break,
-            }
-        } else {
-            pending.next().await
-        };
-        let Some((i, answer)) = next else {
-            break;
-        };
-        match vote(&answer) {
-            Some(true) => yeses += 1,
-            Some(false) => noes += 1,
-            None => {}
-        }
-        answers[i] = Some(answer);
+    /// Runs `calls` (from [`each_node`](Self::each_node)) until their
+    /// answers decide (see [`majority::gather`]); the answers come back in
+    /// server order, `None` for a call not waited for. The calls still
+    /// running finish in the background: their commands still matter.
+    async fn gather<T, F>(
+        &self,
+        calls: Vec<F>,
+        vote: impl Fn(&T) -> Vote,
+        on_split: OnSplit,
+    ) -> Vec<Option<T>>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let decided = majority::gather(calls, vote, on_split).await;
+        let (_, answers) = decided.keep_running(&self.background);
+        answers.by_server
     }
-    // Answers already in cost no task.
-    while let Some(Some((i, answer))) = pending.next().now_or_never() {
-        answers[i] = Some(answer);
-    }
-    if !pending.is_empty() && background.load(Ordering::Relaxed) < MAX_BACKGROUND {
-        let left = pending.len();
-        background.fetch_add(left, Ordering::Relaxed);
-        let mut running = Running {
-            left,
-            background: background.clone(),
-        };
-        // On lock-core's runtime: the caller's may be about to stall or
-        // shut down, and these answers (an undo, a release) still matter.
-        crate::background::spawn(async move {
-            while pending.next().await.is_some() {
-                running.left -= 1;
-                running.background.fetch_sub(1, Ordering::Relaxed);
-            }
-        });
-    }
-    answers
 }
 
 struct Tally {
@@ -756,19 +637,6 @@ impl Tally {
                 needed: self.needed,
                 failures: self.failures,
             })
-    }
-}
-
-/// The calls of one background task still counted in `background`; a task
-/// dropped unfinished (its runtime shutting down) takes its count back.
-struct Running {
-    left: usize,
-    background: Arc<AtomicUsize>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.background.fetch_sub(self.left, Ordering::Relaxed);
     }
 }
 
@@ -841,95 +709,6 @@ impl OwnedKeys {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use tokio::sync::oneshot;
-
-    /// Five calls, each answering what its sender sends (`false` if the
-    /// sender is dropped).
-    fn calls() -> (
-        Vec<oneshot::Sender<bool>>,
-        Vec<impl Future<Output = bool> + Send + 'static>,
-    ) {
-        (0..5)
-            .map(|_| {
-                let (tx, rx) = oneshot::channel::<bool>();
-                (tx, async move { rx.await.unwrap_or(false) })
-            })
-            .unzip()
-    }
-
-    #[tokio::test]
-    async fn a_majority_decides_and_the_rest_finish_in_the_background() {
-        let background = Arc::new(AtomicUsize::new(0));
-        let (senders, calls) = calls();
-        let mut senders = senders.into_iter();
-        for tx in senders.by_ref().take(3) {
-            tx.send(true).unwrap();
-        }
-        let decided = until_majority(calls, 3, &background, |&yes| Some(yes));
-        let answers = tokio::time::timeout(Duration::from_secs(5), decided)
-            .await
-            .expect("waited for the calls not answered");
-        assert_eq!(
-            answers.iter().map(Option::is_some).collect::<Vec<_>>(),
-            [true, true, true, false, false]
-        );
-        assert_eq!(background.load(Ordering::Relaxed), 2);
-        for tx in senders {
-            tx.send(false).unwrap();
-        }
-        // The background task runs once this task yields.
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while background.load(Ordering::Relaxed) != 0 {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .expect("the background calls were not counted out");
-    }
-
-    #[tokio::test]
-    async fn with_too_many_calls_in_the_background_the_rest_are_dropped() {
-        let background = Arc::new(AtomicUsize::new(MAX_BACKGROUND));
-        let (senders, calls) = calls();
-        let mut senders = senders.into_iter();
-        for tx in senders.by_ref().take(3) {
-            tx.send(true).unwrap();
-        }
-        let decided = until_majority(calls, 3, &background, |&yes| Some(yes));
-        let answers = tokio::time::timeout(Duration::from_secs(5), decided)
-            .await
-            .expect("waited for the calls not answered");
-        assert_eq!(
-            answers.iter().map(Option::is_some).collect::<Vec<_>>(),
-            [true, true, true, false, false]
-        );
-        // Not left running: their receivers are gone.
-        for tx in senders {
-            assert!(tx.send(false).is_err(), "a call was kept");
-        }
-        assert_eq!(background.load(Ordering::Relaxed), MAX_BACKGROUND);
-    }
-
-    #[tokio::test]
-    async fn without_a_majority_every_answer_is_waited_for() {
-        let background = Arc::new(AtomicUsize::new(0));
-        let (senders, calls) = calls();
-        for (i, tx) in senders.into_iter().enumerate() {
-            tx.send(i < 2).unwrap();
-        }
-        let answers = until_majority(calls, 3, &background, |&yes| Some(yes)).await;
-        assert_eq!(
-            answers,
-            [
-                Some(true),
-                Some(true),
-                Some(false),
-                Some(false),
-                Some(false)
-            ]
-        );
-        assert_eq!(background.load(Ordering::Relaxed), 0);
-    }
 
     /// Of contenders that split the servers, the one that won the first
     /// server to answer is ahead; a silent or failing server is no answer.
