@@ -129,7 +129,7 @@ impl Admission {
 
     /// Waits until a new lease of `ttl` may be taken, at most until
     /// `deadline`, waking at `check_at` on the way when it falls before
-    /// (see [`Request::check_at`](crate::acquire::Request::check_at));
+    /// (the moment an acquisition records its wait, in `acquire/`);
     /// `Err` with an [`ErrorKind::AtCapacity`] error (no key yet) when the
     /// deadline comes first.
     pub(crate) async fn wait_for(

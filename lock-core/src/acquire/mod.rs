@@ -139,20 +139,7 @@ impl ClientInner {
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
-            if request.renew && !inner.heartbeat.admission().admits(request.ttl) {
-                // Past capacity: no SET is sent, so nothing is taken only
-                // to be lost or dropped.
-                promise(request.deadline.saturating_duration_since(Instant::now()));
-                inner
-                    .heartbeat
-                    .admission()
-                    .wait_for(request.ttl, request.deadline, request.check_at)
-                    .await
-                    .map_err(|e| {
-                        e.with_key(request.key)
-                            .with_waited(request.started.elapsed())
-                    })?;
-            }
+            inner.admitted(request, fronts).await?;
             attempts.fetch_add(1, Ordering::Relaxed);
             promise(request.limit(inner.op_timeout));
             let (mut free_in, mut foreign, mut ahead) = (None, false, false);
@@ -218,6 +205,26 @@ impl ClientInner {
             promise(pause);
             pause_or_hear(released.as_mut(), request.check_at, pause).await;
         }
+    }
+
+    /// Past the client's renewal capacity, waits (within the request's
+    /// wait) until a new lease may be taken. No SET is sent meanwhile, so
+    /// nothing is taken only to be lost or dropped.
+    async fn admitted(&self, request: &Request<'_>, fronts: &[Front<'_>]) -> Result<(), LockError> {
+        let admission = self.heartbeat.admission();
+        if !request.renew || admission.admits(request.ttl) {
+            return Ok(());
+        }
+        fronts
+            .iter()
+            .for_each(|front| front.promise(request.deadline));
+        admission
+            .wait_for(request.ttl, request.deadline, request.check_at)
+            .await
+            .map_err(|e| {
+                e.with_key(request.key)
+                    .with_waited(request.started.elapsed())
+            })
     }
 
     /// The error for a wait that ran out: `Contended`, unless the key is not

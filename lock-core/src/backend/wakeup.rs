@@ -323,6 +323,33 @@ const CONNECT: Duration = Duration::from_secs(5);
 const RECONNECT: Duration = Duration::from_millis(50);
 const MAX_RECONNECT: Duration = Duration::from_secs(2);
 
+/// Subscribes `sink` to every channel some waiter listens on, and wakes
+/// those waiters once it is subscribed: a release published while the
+/// hub was away was missed, so each looks again. `false`: the connection
+/// failed meanwhile.
+async fn resubscribe(
+    sink: &mut redis::aio::PubSubSink,
+    channels: &Channels,
+    subscribed: &mut HashSet<String>,
+) -> bool {
+    let wanted: Vec<(String, Arc<Channel>)> = channels
+        .lock()
+        .iter()
+        .filter(|(_, c)| c.waiters.load(Ordering::Acquire) > 0)
+        .map(|(name, c)| (name.clone(), c.clone()))
+        .collect();
+    for (name, channel) in wanted {
+        let again = tokio::time::timeout(Duration::from_secs(2), sink.subscribe(&name)).await;
+        if !matches!(again, Ok(Ok(()))) {
+            return false;
+        }
+        subscribed.insert(name);
+        // Subscribed first, then woken: a release after this is heard.
+        channel.released.notify_waiters();
+    }
+    true
+}
+
 /// Serves one subscriber connection until it drops or the client is gone.
 /// `catch_up`: it replaces a connection that dropped, so every channel
 /// with waiters is subscribed again and its waiters woken.
@@ -334,22 +361,8 @@ async fn serve_connection(
 ) -> Served {
     let (mut sink, mut messages) = pubsub.split();
     let mut subscribed: HashSet<String> = HashSet::new();
-    if catch_up {
-        let wanted: Vec<(String, Arc<Channel>)> = channels
-            .lock()
-            .iter()
-            .filter(|(_, c)| c.waiters.load(Ordering::Acquire) > 0)
-            .map(|(name, c)| (name.clone(), c.clone()))
-            .collect();
-        for (name, channel) in wanted {
-            let again = tokio::time::timeout(Duration::from_secs(2), sink.subscribe(&name)).await;
-            if !matches!(again, Ok(Ok(()))) {
-                return Served::ConnectionLost;
-            }
-            subscribed.insert(name);
-            // Subscribed first, then woken: a release after this is heard.
-            channel.released.notify_waiters();
-        }
+    if catch_up && !resubscribe(&mut sink, channels, &mut subscribed).await {
+        return Served::ConnectionLost;
     }
     let channels = Arc::downgrade(channels);
     let mut sweep = tokio::time::interval(SWEEP);
