@@ -807,11 +807,29 @@ pub(crate) fn info_field(info: &str, field: &str) -> Option<String> {
 }
 
 /// A port that was free a moment ago.
+///
+/// Never a port it gave before in this process: a server stopped for a
+/// restart leaves its port free for a while, and a server started
+/// meanwhile by another test must not take it.
 pub(crate) fn free_port() -> Result<u16, TestkitError> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| TestkitError::with_source("could not find a free port", e))
+    static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
+        std::sync::Mutex::new(None);
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let given = given.get_or_insert_with(Default::default);
+    for _ in 0..1000 {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .map_err(|e| TestkitError::with_source("could not find a free port", e))?;
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(TestkitError::new(
+        "could not find a free port this process has not given out before",
+    ))
 }
 
 /// Whether the log written since byte `start` reports a failed bind.
