@@ -86,7 +86,9 @@ fn run(options: &Options) -> BenchResult<()> {
     if let Some(length) = options.soak {
         return run_soak(length);
     }
-    let wants = |id| options.only.contains(&id);
+    // W4's and W5's servers serve plain TCP, the only transport they run on.
+    let plain = options.transports.contains(&Transport::Plain);
+    let wants = |id| plain && options.only.contains(&id);
     eprintln!("lock-bench: starting redis-server processes");
     let servers = Servers::start(wants(WorkloadId::W4), wants(WorkloadId::W5))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
