@@ -3,6 +3,7 @@
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
 use crate::table::WorkloadId;
+use crate::transport::Transport;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -38,6 +39,13 @@ OPTIONS:
                       raw-floor,minimum,guard,attribute,rslock (default: all;
                       for profiling one implementation at a time; raw-floor
                       is a W1 row)
+    --transport LIST  what W1 and W2 run on, comma-separated: plain (one
+                      server over TCP), tls (one server over rediss://, the
+                      test CA as the only root), cluster (3 primaries)
+                      (default: plain). Each transport gets its rows and
+                      its block of ratios; rows that need plain TCP (raw
+                      floor, rslock) are left out of tls and cluster. The
+                      other workloads run on plain only.
     -h, --help        this text
 
 The bench starts its own redis-server processes on free ports (found through
@@ -62,6 +70,8 @@ pub struct Options {
     pub w5_capacity: bool,
     /// The rows the throughput workloads (W1, W2, W4, W8) run.
     pub impls: Vec<Impl>,
+    /// What W1 and W2 run on, in this order.
+    pub transports: Vec<Transport>,
     /// `--soak`: run the leak soak this long instead of the table.
     pub soak: Option<Duration>,
     /// Takeovers per W7 row.
@@ -156,6 +166,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         w5_ttl: Duration::from_secs(3),
         w5_capacity: false,
         impls: Impl::ALL.to_vec(),
+        transports: vec![Transport::Plain],
         soak: None,
         w7_rounds: 30,
         w10_resignations: 200,
@@ -186,6 +197,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--out" => options.out = PathBuf::from(value("--out")?),
             "--only" => options.only = workloads(&value("--only")?)?,
             "--impls" => options.impls = impls(&value("--impls")?)?,
+            "--transport" => options.transports = transports(&value("--transport")?)?,
             WORKER_FLAG => {
                 let mode = value(WORKER_FLAG)?;
                 if mode != "w3p" {
@@ -295,6 +307,19 @@ fn impls(text: &str) -> BenchResult<Vec<Impl>> {
     )
 }
 
+/// A comma-separated list of transports, kept in the order of
+/// [`Transport::ALL`].
+fn transports(text: &str) -> BenchResult<Vec<Transport>> {
+    pick(
+        text,
+        &Transport::ALL,
+        Transport::parse,
+        "--transport",
+        "transport",
+        "plain, tls or cluster",
+    )
+}
+
 /// The items of `all` named in the comma-separated `text`, in the order of
 /// `all`; an unknown name or an empty list is an error naming `flag`.
 fn pick<T: Copy + PartialEq>(
@@ -343,6 +368,34 @@ mod tests {
         assert_eq!(options.seconds, Duration::from_secs(5));
         assert_eq!(options.only, WorkloadId::ALL.to_vec());
         assert_eq!(options.w5_seconds, Duration::from_secs(30));
+        assert_eq!(options.transports, vec![Transport::Plain]);
+    }
+
+    #[test]
+    fn transport_takes_one_value_or_a_list_in_run_order() {
+        let transports = |value: &str| match parse_strs(&["--transport", value]) {
+            Ok(Command::Run(options)) => Ok(options.transports),
+            Ok(other) => panic!("--transport is a run, not {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(transports("tls"), Ok(vec![Transport::Tls]));
+        assert_eq!(
+            transports("cluster, TLS,plain"),
+            Ok(vec![Transport::Plain, Transport::Tls, Transport::Cluster])
+        );
+        let Err(unknown) = transports("plain,unix") else {
+            panic!("an unknown transport is refused");
+        };
+        assert!(
+            unknown.contains("unknown transport \"unix\"")
+                && unknown.contains("plain, tls or cluster"),
+            "{unknown}"
+        );
+        let Err(empty) = transports(",") else {
+            panic!("an empty list is refused");
+        };
+        assert!(empty.contains("--transport needs at least one"), "{empty}");
+        assert!(parse_strs(&["--transport"]).is_err());
     }
 
     #[test]

@@ -20,6 +20,7 @@
 use crate::error::{BenchResult, fail};
 use crate::minimum::{MinimumLock, RawFloor};
 use crate::stats::wall_ns;
+use crate::transport::Endpoint;
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -204,17 +205,28 @@ pub enum Locker {
 }
 
 impl Locker {
-    /// Connects `imp` to `urls` (one server, or several for Redlock).
+    /// Connects `imp` to `urls` (one server, or several for Redlock) over
+    /// plain TCP.
     pub async fn connect(imp: Impl, urls: &[String]) -> BenchResult<Locker> {
+        Locker::connect_to(imp, &Endpoint::Plain(urls.to_vec())).await
+    }
+
+    /// Connects `imp` to `endpoint`. The raw floor and rslock connect over
+    /// plain TCP only (see [`Transport::runs`](crate::transport::Transport::runs)).
+    pub async fn connect_to(imp: Impl, endpoint: &Endpoint) -> BenchResult<Locker> {
+        let plain = |what: &str| match endpoint {
+            Endpoint::Plain(urls) => Ok(urls.clone()),
+            _ => Err(fail(format!("{what} runs over plain TCP only"))),
+        };
         Ok(match imp {
-            Impl::Floor => Locker::Floor(MinimumLock::connect(urls).await?),
-            Impl::RawFloor => match urls {
+            Impl::Floor => Locker::Floor(MinimumLock::connect_to(endpoint).await?),
+            Impl::RawFloor => match plain("the raw floor")?.as_slice() {
                 [url] => Locker::RawFloor(RawFloor::connect(url).await?),
                 _ => return Err(fail("the raw floor runs against one server")),
             },
-            Impl::Minimum => Locker::Minimum(MinimumLock::connect(urls).await?),
+            Impl::Minimum => Locker::Minimum(MinimumLock::connect_to(endpoint).await?),
             Impl::Guard | Impl::Attribute => {
-                let client = lock_core_client(urls).await?;
+                let client = lock_core_client_to(endpoint).await?;
                 if imp == Impl::Guard {
                     Locker::Guard(client)
                 } else {
@@ -222,7 +234,7 @@ impl Locker {
                 }
             }
             Impl::Rslock => {
-                let clients = urls
+                let clients = plain("rslock")?
                     .iter()
                     .map(|url| redis::Client::open(url.as_str()))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -337,8 +349,21 @@ impl Locker {
 /// A lock-core client as the bench uses it: the bench's prefix, ttl 10 s,
 /// wait 30 s, everything else default.
 pub async fn lock_core_client(urls: &[String]) -> Result<LockClient, LockError> {
-    LockClient::builder()
-        .urls(urls.iter().cloned())
+    lock_core_client_to(&Endpoint::Plain(urls.to_vec())).await
+}
+
+/// [`lock_core_client`] on any transport: `urls` for plain TCP, `url` with
+/// the test CA as `tls_root_certificate` for TLS, `cluster` for a cluster.
+pub async fn lock_core_client_to(endpoint: &Endpoint) -> Result<LockClient, LockError> {
+    let builder = LockClient::builder();
+    let builder = match endpoint {
+        Endpoint::Plain(urls) => builder.urls(urls.iter().cloned()),
+        Endpoint::Tls { url, ca_pem, .. } => builder
+            .url(url.clone())
+            .tls_root_certificate(ca_pem.as_bytes()),
+        Endpoint::Cluster(urls) => builder.cluster(urls.iter().cloned()),
+    };
+    builder
         .key_prefix(LOCK_CORE_PREFIX)
         .default_ttl(TTL)
         .default_wait(WAIT)

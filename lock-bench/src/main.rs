@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p lock-bench                       # everything, 5 s per row
 //! cargo run --release -p lock-bench -- --only W1,W3 --seconds 2
+//! cargo run --release -p lock-bench -- --only W1,W2 --transport plain,tls,cluster
 //! ```
 //!
 //! It starts its own `redis-server` processes on free ports (through
@@ -19,6 +20,7 @@
 //! [`contenders`] (the implementations behind one interface), [`table`]
 //! (workload ids, rows, row labels), [`workloads`] (W1-W11 and their loops;
 //! W7 and W10 re-execute the bench as a holder or leader they kill),
+//! [`transport`] (plain, TLS, cluster: what W1 and W2 talk over),
 //! [`stats`] (percentiles, merged acquisition records, clocks), [`sysinfo`]
 //! (`/proc`), [`report`] (table, CSV, JSON, ratios).
 //!
@@ -37,6 +39,7 @@ mod soak;
 mod stats;
 mod sysinfo;
 mod table;
+mod transport;
 mod workloads;
 
 use crate::args::{Command, Options, USAGE};
@@ -44,7 +47,8 @@ use crate::error::BenchResult;
 use crate::report::Report;
 use crate::servers::{Servers, connect, info};
 use crate::sysinfo::Machine;
-use crate::table::WorkloadId;
+use crate::table::{WorkloadId, WorkloadResult};
+use crate::transport::{Endpoint, Transport, TransportServers};
 use crate::workloads::Context;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -82,7 +86,9 @@ fn run(options: &Options) -> BenchResult<()> {
     if let Some(length) = options.soak {
         return run_soak(length);
     }
-    let wants = |id| options.only.contains(&id);
+    // W4's and W5's servers serve plain TCP, the only transport they run on.
+    let plain = options.transports.contains(&Transport::Plain);
+    let wants = |id| plain && options.only.contains(&id);
     eprintln!("lock-bench: starting redis-server processes");
     let servers = Servers::start(wants(WorkloadId::W4), wants(WorkloadId::W5))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -125,7 +131,8 @@ fn run_soak(length: Duration) -> BenchResult<()> {
     soaked
 }
 
-/// Describes the machine and runs every selected workload.
+/// Describes the machine and runs every selected workload: W1 and W2 once
+/// per transport, the others on plain TCP.
 async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
     let url = servers.single.url();
     let mut machine = Machine::describe();
@@ -137,7 +144,9 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
     let ctx = Context {
         seconds: options.seconds,
         warmup: (options.seconds / 5).min(Duration::from_millis(500)),
+        endpoint: Endpoint::Plain(vec![url.clone()]),
         url,
+        transport: Transport::Plain,
         redlock_urls: servers.redlock_urls(),
         hold_url: servers.hold.as_ref().map(|s| s.url()),
         w5_seconds: options.w5_seconds,
@@ -150,27 +159,68 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         w10_crashes: options.w10_crashes,
         w11_cycles: options.w11_cycles,
     };
+    let on_any_transport = |id: &WorkloadId| matches!(id, WorkloadId::W1 | WorkloadId::W2);
+    if !options.transports.contains(&Transport::Plain) {
+        let skipped: Vec<&str> = options
+            .only
+            .iter()
+            .filter(|id| !on_any_transport(id))
+            .map(|id| id.name())
+            .collect();
+        if !skipped.is_empty() {
+            eprintln!(
+                "lock-bench: {} run on plain TCP only, which --transport left out: skipped",
+                skipped.join(", ")
+            );
+        }
+    }
     let mut results = Vec::new();
-    for id in &options.only {
-        let result = match id {
-            WorkloadId::W1 => workloads::w1::run(&ctx).await?,
-            WorkloadId::W2 => workloads::w2::run(&ctx).await?,
-            WorkloadId::W3 => workloads::w3::run(&ctx).await?,
-            WorkloadId::W3p => workloads::w3p::run(&ctx).await?,
-            WorkloadId::W4 => workloads::w4::run(&ctx).await?,
-            WorkloadId::W5 => workloads::w5::run(&ctx).await?,
-            WorkloadId::W6 => workloads::w6::run(&ctx).await?,
-            WorkloadId::W7 => workloads::w7::run(&ctx).await?,
-            WorkloadId::W8 => workloads::w8::run(&ctx).await?,
-            WorkloadId::W9 => workloads::w9::run(&ctx).await?,
-            WorkloadId::W10 => workloads::w10::run(&ctx).await?,
-            WorkloadId::W11 => workloads::w11::run(&ctx).await?,
+    for &transport in &options.transports {
+        // Started one transport at a time, and stopped before the next, so
+        // no idle server shares the machine with the measured one.
+        let started = if transport == Transport::Plain {
+            None
+        } else {
+            eprintln!("lock-bench: starting the {} servers", transport.name());
+            tokio::task::block_in_place(|| TransportServers::start(transport))?
         };
-        results.push(result);
+        let ctx = Context {
+            transport,
+            endpoint: started
+                .as_ref()
+                .map_or_else(|| ctx.endpoint.clone(), TransportServers::endpoint),
+            ..ctx.clone()
+        };
+        for id in options
+            .only
+            .iter()
+            .filter(|id| on_any_transport(id) || transport == Transport::Plain)
+        {
+            results.push(run_workload(*id, &ctx).await?);
+        }
+        tokio::task::block_in_place(|| drop(started));
     }
     Ok(Report {
         machine,
         seconds: options.seconds.as_secs_f64(),
         workloads: results,
     })
+}
+
+/// Runs the workload `id`.
+async fn run_workload(id: WorkloadId, ctx: &Context) -> BenchResult<WorkloadResult> {
+    match id {
+        WorkloadId::W1 => workloads::w1::run(ctx).await,
+        WorkloadId::W2 => workloads::w2::run(ctx).await,
+        WorkloadId::W3 => workloads::w3::run(ctx).await,
+        WorkloadId::W3p => workloads::w3p::run(ctx).await,
+        WorkloadId::W4 => workloads::w4::run(ctx).await,
+        WorkloadId::W5 => workloads::w5::run(ctx).await,
+        WorkloadId::W6 => workloads::w6::run(ctx).await,
+        WorkloadId::W7 => workloads::w7::run(ctx).await,
+        WorkloadId::W8 => workloads::w8::run(ctx).await,
+        WorkloadId::W9 => workloads::w9::run(ctx).await,
+        WorkloadId::W10 => workloads::w10::run(ctx).await,
+        WorkloadId::W11 => workloads::w11::run(ctx).await,
+    }
 }

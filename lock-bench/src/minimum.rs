@@ -9,15 +9,22 @@
 //! validity bookkeeping. Tokens are a process id and a counter: unique, but
 //! (unlike a real lock's) guessable, which costs nothing here.
 //!
+//! On TLS the one connection is the same multiplexed connection over
+//! `rediss://`; on a cluster it is the `redis` crate's cluster connection,
+//! which routes each command by its key's slot (the scripts are loaded on
+//! every primary). The commands are the same on every transport.
+//!
 //! With several servers (W4) every command goes to all of them at once and
 //! the lock is held as soon as a majority said yes (as lock-core does; the
 //! commands to the others are on their way, and the connections' driver
 //! tasks carry them out); a failed majority releases whatever was taken.
 
 use crate::error::{BenchResult, fail};
-use crate::servers::connect;
+use crate::servers::{connect, connect_cluster, connect_tls};
+use crate::transport::Endpoint;
 use futures::future::join_all;
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -50,10 +57,59 @@ for i = 1, #KEYS do
 end
 return n"#;
 
+/// A connection of the `redis` crate that the minimum sends its commands on.
+#[derive(Clone)]
+pub enum Link {
+    /// Multiplexed, to one server, over plain TCP or TLS.
+    Server(MultiplexedConnection),
+    /// The cluster connection.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Link::Server(_) => "Link::Server",
+            Link::Cluster(_) => "Link::Cluster",
+        })
+    }
+}
+
+impl redis::aio::ConnectionLike for Link {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Link::Server(conn) => conn.req_packed_command(cmd),
+            Link::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Link::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Server(conn) => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// A hand-written lock on one server, or on a majority of several.
 #[derive(Debug)]
 pub struct MinimumLock {
-    nodes: Vec<MultiplexedConnection>,
+    nodes: Vec<Link>,
     release_sha: String,
     /// The scripts of several keys at once (W8; one server only).
     acquire_all_sha: String,
@@ -63,15 +119,28 @@ pub struct MinimumLock {
 }
 
 impl MinimumLock {
-    /// Connects to every server and loads the scripts on each.
-    pub async fn connect(urls: &[String]) -> BenchResult<MinimumLock> {
-        if urls.is_empty() {
+    /// Connects to `endpoint` (each server of a plain one) and loads the
+    /// scripts (on a cluster, `SCRIPT LOAD` goes to every primary).
+    pub async fn connect_to(endpoint: &Endpoint) -> BenchResult<MinimumLock> {
+        let links = match endpoint {
+            Endpoint::Plain(urls) => {
+                let mut links = Vec::with_capacity(urls.len());
+                for url in urls {
+                    links.push(Link::Server(connect(url).await?));
+                }
+                links
+            }
+            Endpoint::Tls { url, ca_pem, .. } => {
+                vec![Link::Server(connect_tls(url, ca_pem).await?)]
+            }
+            Endpoint::Cluster(urls) => vec![Link::Cluster(connect_cluster(urls).await?)],
+        };
+        if links.is_empty() {
             return Err(fail("the minimum lock needs at least one server"));
         }
-        let mut nodes = Vec::with_capacity(urls.len());
+        let mut nodes = Vec::with_capacity(links.len());
         let mut shas = [String::new(), String::new(), String::new()];
-        for url in urls {
-            let mut conn = connect(url).await?;
+        for mut conn in links {
             let scripts = [RELEASE_SCRIPT, ACQUIRE_ALL_SCRIPT, RELEASE_ALL_SCRIPT];
             for (sha, script) in shas.iter_mut().zip(scripts) {
                 *sha = redis::cmd("SCRIPT")
@@ -103,7 +172,7 @@ impl MinimumLock {
     /// counted). `Ok(false)` when the lock is held elsewhere.
     pub async fn try_acquire(&self, key: &str, token: &str, ttl: Duration) -> BenchResult<bool> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let set = |node: &MultiplexedConnection| {
+        let set = |node: &Link| {
             let mut conn = node.clone();
             let mut cmd = redis::cmd("SET");
             cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
@@ -127,7 +196,7 @@ impl MinimumLock {
     /// Compare-and-delete with `EVALSHA` (on every server). `Ok(true)` when
     /// the lock was ours (on a majority).
     pub async fn release(&self, key: &str, token: &str) -> BenchResult<bool> {
-        let del = |node: &MultiplexedConnection| {
+        let del = |node: &Link| {
             let mut conn = node.clone();
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(&self.release_sha).arg(1).arg(key).arg(token);
@@ -165,7 +234,7 @@ impl MinimumLock {
     }
 
     /// The connection of the one server, for the scripts of several keys.
-    fn single(&self) -> BenchResult<MultiplexedConnection> {
+    fn single(&self) -> BenchResult<Link> {
         match self.nodes.as_slice() {
             [node] => Ok(node.clone()),
             _ => Err(fail("the minimum locks several keys on one server only")),
@@ -176,7 +245,7 @@ impl MinimumLock {
     /// trip): to the one server, or to every server at once (one fan-out
     /// counts as one round trip).
     pub async fn floor(&self) -> BenchResult<()> {
-        let ping = |node: &MultiplexedConnection| {
+        let ping = |node: &Link| {
             let mut conn = node.clone();
             async move {
                 redis::cmd("SET")

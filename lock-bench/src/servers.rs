@@ -9,6 +9,7 @@
 use crate::error::{BenchResult, fail};
 use lock_testkit::{RedisServer, try_start_servers};
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use std::collections::BTreeMap;
 
 /// How many primaries the Redlock workload (W4) uses.
@@ -54,6 +55,24 @@ impl Servers {
 pub async fn connect(url: &str) -> BenchResult<MultiplexedConnection> {
     let client = redis::Client::open(url)?;
     Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// One multiplexed connection over TLS to the `rediss://` `url`, trusting
+/// `ca_pem` (and nothing else).
+pub async fn connect_tls(url: &str, ca_pem: &str) -> BenchResult<MultiplexedConnection> {
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca_pem.as_bytes().to_vec()),
+    };
+    let client = redis::Client::build_with_tls(url, certificates)?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
+/// The `redis` crate's cluster connection (one multiplexed connection per
+/// node, commands routed by key slot), seeded with `urls`.
+pub async fn connect_cluster(urls: &[String]) -> BenchResult<ClusterConnection> {
+    let client = redis::cluster::ClusterClient::new(urls.to_vec())?;
+    Ok(client.get_async_connection().await?)
 }
 
 /// `INFO section`, as field → value.

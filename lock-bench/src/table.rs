@@ -5,6 +5,7 @@
 //! module uses neither.
 
 use crate::contenders::Impl;
+use crate::transport::Transport;
 
 /// A workload of the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +171,8 @@ impl Row {
 pub struct WorkloadResult {
     /// Which workload.
     pub id: WorkloadId,
+    /// What its rows talked over.
+    pub transport: Transport,
     /// What it does, in a few words.
     pub title: &'static str,
     /// Its parameters, as printed.

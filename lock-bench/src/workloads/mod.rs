@@ -36,6 +36,7 @@ use crate::servers::{connect, info};
 use crate::stats::{Contention, Record, Spread, nanos, wall_ns};
 use crate::sysinfo::cpu_time;
 use crate::table::{Row, WorkloadId};
+use crate::transport::{Endpoint, Transport};
 use redis::aio::MultiplexedConnection;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,8 +48,13 @@ pub struct Context {
     pub seconds: Duration,
     /// Unmeasured time run before each throughput row.
     pub warmup: Duration,
-    /// The single server.
+    /// The single server (plain TCP), of every workload but W1 and W2 on
+    /// another transport.
     pub url: String,
+    /// What W1 and W2 run on.
+    pub transport: Transport,
+    /// Where W1 and W2 connect: the single server for plain TCP.
+    pub endpoint: Endpoint,
     /// The Redlock primaries (W4).
     pub redlock_urls: Vec<String>,
     /// W5's own server.
@@ -339,8 +345,9 @@ fn tally(outcome: BenchResult<Cycle>, started: Instant, run: &mut CycleRun) -> O
 /// interleaving, the less of that drift lands on one row.
 pub const ROUNDS: u32 = 20;
 
-/// Measures one throughput row per implementation of `imps`, with the
-/// tasks `tasks` describes.
+/// Measures one throughput row per implementation of `imps` that the
+/// context's transport runs, connected to `endpoint`, with the tasks
+/// `tasks` describes.
 ///
 /// Every implementation is connected and warmed up first; then the measured
 /// time of each row is split into [`ROUNDS`] rounds, and each round runs
@@ -351,24 +358,25 @@ pub async fn measure_rows(
     ctx: &Context,
     workload: WorkloadId,
     imps: &[Impl],
-    urls: &[String],
+    endpoint: &Endpoint,
     tasks: Tasks<'_>,
 ) -> BenchResult<Vec<Row>> {
     let imps: Vec<Impl> = imps
         .iter()
         .copied()
-        .filter(|imp| ctx.impls.contains(imp))
+        .filter(|imp| ctx.impls.contains(imp) && ctx.transport.runs(*imp))
         .collect();
     let mut contenders = Vec::with_capacity(imps.len());
     for &imp in &imps {
         progress(workload, imp);
-        let locker = Arc::new(Locker::connect(imp, urls).await?);
+        let locker = Arc::new(Locker::connect_to(imp, endpoint).await?);
         let keys = TaskKeys::of(&locker, tasks);
         run_cycles(&locker, &keys, ctx.warmup).await?;
         contenders.push((locker, keys, CycleRun::default()));
     }
-    let mut info_conns = Vec::with_capacity(urls.len());
-    for url in urls {
+    let admin_urls = endpoint.admin_urls();
+    let mut info_conns = Vec::with_capacity(admin_urls.len());
+    for url in &admin_urls {
         info_conns.push(connect(url).await?);
     }
     let round = ctx.seconds / ROUNDS;

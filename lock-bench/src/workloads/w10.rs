@@ -36,6 +36,7 @@ use crate::table::{
     CAMPAIGN_EXPIRED, CAMPAIGN_KILLED, CAMPAIGN_RESIGNED, RSLOCK_EXPIRED, RSLOCK_KILLED,
     RSLOCK_RESIGNED, Row, WorkloadId, WorkloadResult,
 };
+use crate::transport::Transport;
 use redis::aio::MultiplexedConnection;
 use std::io::{BufRead, Write};
 use std::time::Duration;
@@ -81,6 +82,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W10,
+        transport: Transport::Plain,
         title: "failover: the next leader's first write after a resignation or a crash",
         params: format!(
             "{CAMPAIGNERS} campaigners, each its own client, on one key, lease {} ms; lock-core: \

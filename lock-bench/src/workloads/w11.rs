@@ -26,6 +26,7 @@ use crate::contenders::{Impl, LOCK_CORE_PREFIX, TTL};
 use crate::error::{BenchResult, fail};
 use crate::stats::{Spread, nanos};
 use crate::table::{DEADLOCK_LABEL, Row, WorkloadId, WorkloadResult};
+use crate::transport::Transport;
 use lock_core::{ErrorKind, LockClient, LockError, distributed_lock};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W11,
+        transport: Transport::Plain,
         title: "deadlock: two owners in a cycle, until the victim's WouldDeadlock",
         params: format!(
             "2 owners, each its own client and holder name, one server; each holds its own key \

@@ -18,17 +18,25 @@ const ROWS: [Impl; 5] = [
     Impl::Rslock,
 ];
 
-/// Runs W2 on the single server.
+/// Runs W2 on the context's transport.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
-    let urls = [ctx.url.clone()];
     let names: Vec<String> = (0..TASKS).map(|i| format!("w2:{i}")).collect();
-    let rows = measure_rows(ctx, WorkloadId::W2, &ROWS, &urls, Tasks::OwnKey(&names)).await?;
+    let rows = measure_rows(
+        ctx,
+        WorkloadId::W2,
+        &ROWS,
+        &ctx.endpoint,
+        Tasks::OwnKey(&names),
+    )
+    .await?;
     Ok(WorkloadResult {
         id: WorkloadId::W2,
+        transport: ctx.transport,
         title: "64 tasks, each its own key",
         params: format!(
-            "{TASKS} tasks sharing one client (one multiplexed connection), ttl 10s; \
-             floor = {TASKS} tasks SETting on one connection; {}",
+            "{}; {TASKS} tasks sharing one client (one multiplexed connection; on a cluster, \
+             one per primary), ttl 10s; floor = {TASKS} tasks SETting on one connection; {}",
+            ctx.transport.describe(&ROWS),
             ctx.timing()
         ),
         rows,

@@ -6,6 +6,7 @@ use crate::contenders::{Impl, Locker, POLL_MAX, WAIT};
 use crate::error::BenchResult;
 use crate::stats::{nanos, wall_ns};
 use crate::table::{WorkloadId, WorkloadResult};
+use crate::transport::Transport;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W3,
+        transport: Transport::Plain,
         title: "8 tasks, one key, lock (wait) + tiny critical section + release",
         params: format!(
             "{TASKS} tasks in 1 process, one client; {}",

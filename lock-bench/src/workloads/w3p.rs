@@ -23,6 +23,7 @@ use crate::contenders::{Impl, Locker};
 use crate::error::{BenchResult, fail};
 use crate::stats::{Record, nanos, wall_ns};
 use crate::table::{Row, WorkloadId, WorkloadResult};
+use crate::transport::Transport;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout};
 use std::sync::Arc;
@@ -51,6 +52,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W3p,
+        transport: Transport::Plain,
         title: "W3 with 4 processes × 2 tasks",
         params: format!(
             "{PROCESSES} processes × {TASKS_PER_PROCESS} tasks, one client per process; {}",

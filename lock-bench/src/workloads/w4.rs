@@ -6,6 +6,7 @@ use super::{Context, Tasks, measure_rows};
 use crate::contenders::Impl;
 use crate::error::{BenchResult, fail};
 use crate::table::{WorkloadId, WorkloadResult};
+use crate::transport::{Endpoint, Transport};
 
 /// The implementations of W4, in table order.
 const ROWS: [Impl; 5] = [
@@ -26,12 +27,13 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         ctx,
         WorkloadId::W4,
         &ROWS,
-        &ctx.redlock_urls,
+        &Endpoint::Plain(ctx.redlock_urls.clone()),
         Tasks::OwnKey(&names),
     )
     .await?;
     Ok(WorkloadResult {
         id: WorkloadId::W4,
+        transport: Transport::Plain,
         title: "W1 against 5-node Redlock",
         params: format!(
             "1 task, ttl 10s, {} primaries, quorum {}; floor = SET to all at once, \

@@ -23,6 +23,7 @@ use crate::error::{BenchResult, fail};
 use crate::servers::{command_calls, connect, info};
 use crate::sysinfo::{cpu_time, rss_bytes};
 use crate::table::{Row, WorkloadId, WorkloadResult};
+use crate::transport::Transport;
 use futures::StreamExt;
 use lock_core::{LockClient, LockGuard, LockOptions};
 use std::collections::BTreeMap;
@@ -82,6 +83,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         .collect();
     Ok(WorkloadResult {
         id: WorkloadId::W5,
+        transport: Transport::Plain,
         title: "hold many locks at once with renewal",
         params: format!(
             "{}, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time, waiting {}; \

@@ -9,6 +9,7 @@ use super::{Context, CycleRun, progress, timed_cycle};
 use crate::contenders::{Impl, Locker, Section, lock_core_client};
 use crate::error::BenchResult;
 use crate::table::{Row, WorkloadId, WorkloadResult};
+use crate::transport::Transport;
 use lock_core::{LockClient, MemoryStore};
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W6,
+        transport: Transport::Plain,
         title: "annotated function vs the same body with the guard API",
         params: format!(
             "1 task, one key, empty body, ttl 10s, one shared client; {:.1} s of calls \

@@ -35,6 +35,7 @@ use crate::error::{BenchResult, fail};
 use crate::servers::{connect, info};
 use crate::stats::{Spread, wall_ns};
 use crate::table::{FOREIGN, PUBLISHED, Row, UNANNOUNCED, WorkloadId, WorkloadResult};
+use crate::transport::Transport;
 use lock_core::LockOptions;
 use redis::aio::MultiplexedConnection;
 use std::io::{BufRead, Write};
@@ -78,6 +79,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W7,
+        transport: Transport::Plain,
         title: "takeover after a crash; releases nobody announces",
         params: format!(
             "{} rounds per row; crash rows: a holder process takes the key (ttl {} ms, no \

@@ -8,6 +8,7 @@ use super::{Context, Tasks, measure_rows};
 use crate::contenders::{Impl, PAIR_POLL_MAX, WAIT};
 use crate::error::BenchResult;
 use crate::table::{LOCK_ALL_LABEL, WorkloadId, WorkloadResult};
+use crate::transport::{Endpoint, Transport};
 
 /// Concurrent tasks.
 const TASKS: usize = 64;
@@ -21,13 +22,13 @@ const ROWS: [Impl; 2] = [Impl::Minimum, Impl::Guard];
 
 /// Runs W8 on the single server.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
-    let urls = [ctx.url.clone()];
+    let endpoint = Endpoint::Plain(vec![ctx.url.clone()]);
     let names: Vec<String> = (0..ACCOUNTS).map(|i| format!("w8:{i}")).collect();
     let tasks = Tasks::RandomPairs {
         tasks: TASKS,
         names: &names,
     };
-    let mut rows = measure_rows(ctx, WorkloadId::W8, &ROWS, &urls, tasks).await?;
+    let mut rows = measure_rows(ctx, WorkloadId::W8, &ROWS, &endpoint, tasks).await?;
     for row in &mut rows {
         if row.implementation == Impl::Guard {
             row.label = Some(LOCK_ALL_LABEL);
@@ -35,6 +36,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W8,
+        transport: Transport::Plain,
         title: "several keys: lock 2 random accounts of 1,000 at once",
         params: format!(
             "{TASKS} tasks sharing one client, each cycle locks 2 distinct accounts drawn at \

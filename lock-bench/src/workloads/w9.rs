@@ -18,6 +18,7 @@ use crate::table::{
     EXCLUSIVE_READERS, EXCLUSIVE_WRITER, Row, SHARED_READERS, SHARED_WRITER, WorkloadId,
     WorkloadResult,
 };
+use crate::transport::Transport;
 use lock_core::{LockClient, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -69,6 +70,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     }
     Ok(WorkloadResult {
         id: WorkloadId::W9,
+        transport: Transport::Plain,
         title: "shared: 8 readers and 1 writer on one key",
         params: format!(
             "{READERS} reader tasks + 1 writer task, one client, one key; ttl 10s, waits up to \
