@@ -364,8 +364,16 @@ async fn the_process_returning_from_main_releases() {
 
 /// A client whose connections all go through proxies, to be cut.
 async fn through_proxies(servers: &[RedisServer], name: &str) -> (LockClient, Vec<Proxy>) {
+    through_proxies_as(servers, replica(name)).await
+}
+
+/// [`through_proxies`] with the settings of `builder`.
+async fn through_proxies_as(
+    servers: &[RedisServer],
+    builder: LockClientBuilder,
+) -> (LockClient, Vec<Proxy>) {
     let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.addr())).collect();
-    let builder = replica(name).urls(proxies.iter().map(Proxy::url));
+    let builder = builder.urls(proxies.iter().map(Proxy::url));
     (build(builder, servers).await, proxies)
 }
 
@@ -389,34 +397,39 @@ fn apply(how: Break, servers: &mut [RedisServer], proxies: &[Proxy]) {
 }
 
 /// Leases held through a cut, or a restart that keeps the data, are kept:
-/// renewed on new connections, never lost, still this holder's after
-/// twice their ttl.
+/// renewed on new connections, never lost, still their holder's after
+/// twice their ttl. Every hold at once, each under a key prefix of its own,
+/// through one transition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_leases_are_kept_through_a_cut_and_a_restart() {
     for mut servers in deployments() {
         for how in [Break::Cut, Break::Restart] {
+            let mut holdings = Vec::new();
+            let mut proxies = Vec::new();
             for hold_what in holds_on(&servers) {
-                let (client, proxies) = through_proxies(&servers, "holder").await;
+                let prefix = format!("{PREFIX}{hold_what:?}:");
+                let (client, through) =
+                    through_proxies_as(&servers, replica("holder").key_prefix(&prefix)).await;
+                proxies.extend(through);
                 let (held_tx, held) = oneshot::channel();
                 let holding = tokio::spawn(async move {
                     let client = client;
                     hold(&client, hold_what, SHORT_TTL, held_tx).await
                 });
                 bounded(held, "never held").await.unwrap();
-                apply(how, &mut servers, &proxies);
-                // Two ttls: a lease not renewed after the transition is gone.
-                let over = tokio::time::timeout(SHORT_TTL * 2, async {
-                    let mut holding = holding;
-                    (&mut holding).await
-                })
-                .await;
+                holdings.push((hold_what, prefix, holding));
+            }
+            apply(how, &mut servers, &proxies);
+            // Two ttls: a lease not renewed after the transition is gone.
+            tokio::time::sleep(SHORT_TTL * 2).await;
+            for (hold_what, prefix, holding) in holdings {
                 assert!(
-                    over.is_err(),
+                    !holding.is_finished(),
                     "{} server(s), {how:?}, {hold_what:?}: lost: {:?}",
                     servers.len(),
-                    over.map(|e| e.map(|e| e.to_string()))
+                    holding.await.map_err(|e| e.to_string())
                 );
-                let other = client_with(&servers[..], replica("other")).await;
+                let other = client_with(&servers[..], replica("other").key_prefix(&prefix)).await;
                 let at_once = |hold| options(hold, TTL).wait(Duration::ZERO);
                 let taken = match hold_what {
                     Hold::Permit => other.lock_with(KEY, at_once(hold_what)).await,
@@ -427,9 +440,10 @@ async fn held_leases_are_kept_through_a_cut_and_a_restart() {
                     ErrorKind::Contended,
                     "{how:?}, {hold_what:?}: taken by another"
                 );
-                drop(proxies);
-                clear(&servers);
+                holding.abort();
             }
+            drop(proxies);
+            clear(&servers);
         }
     }
 }
@@ -565,7 +579,7 @@ async fn waiters_on_another_runtime_follow_while_the_first_is_blocked() {
             let client = client.clone();
             std::thread::spawn(move || {
                 runtime(Flavor::CurrentThread).block_on(async move {
-                    let waiting = LockOptions::new(TTL).wait(Duration::from_secs(1));
+                    let waiting = LockOptions::new(TTL).wait(Duration::from_secs(5));
                     let task = tokio::spawn(async move { client.lock_with(OTHER, waiting).await });
                     // Running (and subscribing) until told to block.
                     while blocking.try_recv().is_err() {
