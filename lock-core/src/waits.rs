@@ -479,14 +479,22 @@ impl Drop for Records {
         let sets = std::mem::take(&mut self.sets);
         let member = std::mem::take(&mut self.member);
         let notes = std::mem::take(&mut self.notes);
-        crate::background::spawn(async move {
+        let forget = async move {
             let records = WaitRecords {
                 sets: &sets,
                 member: &member,
                 notes: &notes,
             };
             let _ = inner.backend.forget_wait(&records, inner.op_timeout).await;
-        });
+        };
+        // On the waiter's runtime, beside the connection its records went
+        // out on: lock-core's threads may be busy with other clients'
+        // connections. Outside a runtime, on lock-core's; a record whose
+        // removal never runs expires within its short life anyway.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(forget)),
+            Err(_) => crate::background::spawn(forget),
+        }
     }
 }
 
