@@ -17,10 +17,10 @@
 //! release times and checks, with an in-process counter, that nobody else is
 //! inside.
 
+use crate::endpoint::Endpoint;
 use crate::error::{BenchResult, fail};
 use crate::minimum::{MinimumLock, RawFloor};
 use crate::stats::wall_ns;
-use crate::transport::Endpoint;
 use lock_core::{ErrorKind, LockClient, LockError, LockOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -212,7 +212,7 @@ impl Locker {
     }
 
     /// Connects `imp` to `endpoint`. The raw floor and rslock connect over
-    /// plain TCP only (see [`Transport::runs`](crate::transport::Transport::runs)).
+    /// plain TCP only (see `Transport::runs` in `transport.rs`).
     pub async fn connect_to(imp: Impl, endpoint: &Endpoint) -> BenchResult<Locker> {
         let plain = |what: &str| match endpoint {
             Endpoint::Plain(urls) => Ok(urls.clone()),

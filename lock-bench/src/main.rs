@@ -31,6 +31,7 @@
 
 mod args;
 mod contenders;
+mod endpoint;
 mod error;
 mod minimum;
 mod report;

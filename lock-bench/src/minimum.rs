@@ -19,9 +19,9 @@
 //! commands to the others are on their way, and the connections' driver
 //! tasks carry them out); a failed majority releases whatever was taken.
 
+use crate::endpoint::Endpoint;
 use crate::error::{BenchResult, fail};
 use crate::servers::{connect, connect_cluster, connect_tls};
-use crate::transport::Endpoint;
 use futures::future::join_all;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;

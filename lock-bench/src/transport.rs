@@ -10,6 +10,7 @@
 //! see [`Transport::runs`].
 
 use crate::contenders::Impl;
+pub use crate::endpoint::Endpoint;
 use crate::error::{BenchResult, fail};
 use lock_testkit::{RedisCluster, RedisServer, TestCertificates};
 
@@ -80,35 +81,6 @@ impl Transport {
                 self.name(),
                 left_out.join(", ")
             )
-        }
-    }
-}
-
-/// Where a row's connections go.
-#[derive(Clone, Debug)]
-pub enum Endpoint {
-    /// Plain TCP to one server, or to each of several (Redlock, W4).
-    Plain(Vec<String>),
-    /// TLS to one server.
-    Tls {
-        /// The `rediss://` URL.
-        url: String,
-        /// The CA the client trusts (PEM), and nothing else.
-        ca_pem: String,
-        /// The same server's plain port, for the bench's own `INFO`.
-        admin_url: String,
-    },
-    /// A cluster, through the URLs of its nodes.
-    Cluster(Vec<String>),
-}
-
-impl Endpoint {
-    /// The plain URLs the bench reads `INFO` from: every server whose CPU
-    /// the rows use.
-    pub fn admin_urls(&self) -> Vec<String> {
-        match self {
-            Endpoint::Plain(urls) | Endpoint::Cluster(urls) => urls.clone(),
-            Endpoint::Tls { admin_url, .. } => vec![admin_url.clone()],
         }
     }
 }
