@@ -275,11 +275,21 @@ where
             };
             // On lock-core's runtime: the caller's may be about to stall or
             // shut down, and these answers (an undo, a release) still matter.
-            crate::background::spawn(running.for_each(move |_| {
-                counted.left -= 1;
-                counted.background.fetch_sub(1, Ordering::Relaxed);
-                future::ready(())
-            }));
+            crate::background::spawn(async move {
+                // A call started on a runtime that has shut down since
+                // panics when polled (its timer went with that runtime):
+                // that call alone is dropped, the others go on.
+                loop {
+                    let next = std::panic::AssertUnwindSafe(running.next()).catch_unwind();
+                    let more = !matches!(next.await, Ok(None));
+                    let gone = counted.left - running.len();
+                    counted.left -= gone;
+                    counted.background.fetch_sub(gone, Ordering::Relaxed);
+                    if !more || running.is_empty() {
+                        break;
+                    }
+                }
+            });
         }
         (decision, answers)
     }
@@ -388,6 +398,44 @@ mod tests {
         for tx in senders {
             tx.send(false).expect("a call left behind was dropped");
         }
+        within_a_second(async {
+            while background.load(Ordering::Relaxed) != 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+
+    /// A call left running that panics (one started on a runtime that has
+    /// shut down since) is dropped alone: the others still finish.
+    #[tokio::test]
+    async fn a_call_left_running_that_panics_leaves_the_others_running() {
+        let background = Arc::new(AtomicUsize::new(0));
+        let (senders, calls) = calls::<bool>();
+        let calls: Vec<_> = calls
+            .into_iter()
+            .map(|call| async move {
+                let answer = call.await;
+                assert!(answer != Some(false), "a call that panics");
+                answer
+            })
+            .collect();
+        let mut senders = senders.into_iter();
+        for tx in senders.by_ref().take(3) {
+            tx.send(true).unwrap();
+        }
+        let decided = within_a_second(gather(calls, yes_no, OnSplit::Wait)).await;
+        let (_, answers) = decided.keep_running(&background);
+        assert_eq!(answered(&answers), [true, true, true, false, false]);
+        let (panics, last) = (senders.next().unwrap(), senders.next().unwrap());
+        panics.send(false).unwrap();
+        within_a_second(async {
+            while background.load(Ordering::Relaxed) != 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        last.send(true).expect("the other call was dropped with it");
         within_a_second(async {
             while background.load(Ordering::Relaxed) != 0 {
                 tokio::task::yield_now().await;

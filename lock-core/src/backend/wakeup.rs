@@ -184,7 +184,10 @@ impl Wakeups {
         // The first server that confirms is enough to hear a release (each
         // release publishes on every server it reaches, a majority at
         // least): a server that does not answer must not hold up the
-        // waiter. The others' subscriptions go on in their hubs.
+        // waiter. The others' subscriptions go on in their hubs, so every
+        // hub is asked here, before any answer is awaited: asked lazily,
+        // inside the futures below, a hub whose future had not been polled
+        // yet when the first confirmation came was never asked at all.
         let mut confirmations: FuturesUnordered<_> = handles
             .iter()
             .map(|handle| handle.subscribe(channel))
@@ -203,16 +206,16 @@ impl Wakeups {
 }
 
 impl HubHandle {
-    async fn subscribe(&self, channel: &str) -> bool {
+    /// Asks the hub to subscribe, at once (not when the returned future is
+    /// first polled); the future tells whether it did.
+    fn subscribe(&self, channel: &str) -> impl Future<Output = bool> + use<> {
         let (done, answer) = oneshot::channel();
         let request = Request::Subscribe {
             channel: channel.to_owned(),
             done,
         };
-        if self.requests.send(request).is_err() {
-            return false;
-        }
-        answer.await.unwrap_or(false)
+        let sent = self.requests.send(request).is_ok();
+        async move { sent && answer.await.unwrap_or(false) }
     }
 }
 
@@ -440,6 +443,32 @@ async fn serve_connection(
                     .await;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A hub is asked when `subscribe` is called: the waiter awaits only
+    /// the first confirmation, and a hub whose answer it never awaits must
+    /// still subscribe, or a release published on that server alone goes
+    /// unheard.
+    #[test]
+    fn a_hub_is_asked_without_its_answer_being_awaited() {
+        let (requests, mut inbox) = mpsc::unbounded_channel();
+        let handle = HubHandle {
+            requests,
+            alive: Arc::new(AtomicBool::new(true)),
+        };
+        let answer = handle.subscribe("lock:{a}");
+        drop(answer);
+        match inbox.try_recv() {
+            Ok(Request::Subscribe { channel, .. }) => assert_eq!(channel, "lock:{a}"),
+            Ok(Request::Unsubscribe { .. }) => panic!("asked to unsubscribe"),
+            Err(e) => panic!("the hub was not asked: {e}"),
         }
     }
 }
