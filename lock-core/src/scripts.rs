@@ -223,8 +223,10 @@ pub(crate) static RELEASE: Lua = lua!(concat!(lua_read!(), include_str!("scripts
 /// when it is not (gone, another owner, another type). A renewal that timed
 /// out can still reach the server after a later, longer renewal or
 /// extension: lowering the expiry then would cut the lease its holder
-/// counts on. `PTTL` is compared here because `PEXPIRE ... GT` needs Redis
-/// 7.0. A key without an expiry (`PTTL` -1) gets one.
+/// counts on, so the expiry is set with `PEXPIRE ... GT` (Redis 7.0), one
+/// command where comparing `PTTL` first took two: the heartbeat's rounds
+/// are most of a busy client's load on its server. (A lock key always has
+/// an expiry; `GT` leaves alone one without, as if it were infinite.)
 pub(crate) static RENEW: Lua = lua!(concat!(lua_read!(), include_str!("scripts/renew.lua")));
 
 /// Sets the expiry to exactly the ttl, shorter or longer, if the key still

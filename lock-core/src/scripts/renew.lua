@@ -2,7 +2,5 @@ local refused = not_ours(KEYS[1], ARGV[1])
 if refused then
   return refused
 end
-if redis.call("PTTL", KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call("PEXPIRE", KEYS[1], ARGV[2])
-end
+redis.call("PEXPIRE", KEYS[1], ARGV[2], "GT")
 return 1

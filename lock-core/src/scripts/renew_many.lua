@@ -6,10 +6,7 @@ for i, key in ipairs(KEYS) do
   end
   renewed[i] = 0
   if ok and owns(value, ARGV[2 * i - 1]) then
-    local ttl = tonumber(ARGV[2 * i])
-    if redis.call("PTTL", key) < ttl then
-      redis.call("PEXPIRE", key, ttl)
-    end
+    redis.call("PEXPIRE", key, ARGV[2 * i], "GT")
     renewed[i] = 1
   end
 end
