@@ -58,6 +58,61 @@ return 1"#;
     })
 }
 
+/// Takes `{name}0` to `{name}{count - 1}`, in that order.
+async fn take(client: &LockClient, name: &str, count: usize, ttl: Duration) -> Vec<LockGuard> {
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .lock_with(&format!("{name}{i}"), LockOptions::new(ttl))
+                    .await
+                    .unwrap()
+            }
+        })
+        // In order: guard `i` holds `{name}{i}`.
+        .buffered(256)
+        .collect()
+        .await
+}
+
+/// Whether each of `{name}0` to `{name}{count - 1}` is in Redis.
+async fn present(server: &RedisServer, name: &str, count: usize) -> Vec<bool> {
+    let keys: Vec<String> = (0..count)
+        .map(|i| storage_key(PREFIX, &format!("{name}{i}")))
+        .collect();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut present = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(500) {
+        let mut exists = redis::pipe();
+        for key in chunk {
+            exists.exists(key);
+        }
+        let answers: Vec<bool> = exists.query_async(&mut conn).await.unwrap();
+        present.extend(answers);
+    }
+    present
+}
+
+/// Safety first: every guard that still claims its lock finds its key in
+/// Redis (`present`, read before asking the guards: a lease only ever goes
+/// from held to lost, and its deadline comes before Redis's expiry). How
+/// many still claim theirs.
+fn held_where_present(guards: &[LockGuard], present: &[bool], name: &str) -> usize {
+    let held: Vec<bool> = guards.iter().map(|g| !g.is_lost()).collect();
+    for (i, (&held, &present)) in held.iter().zip(present).enumerate() {
+        assert!(
+            !held || present,
+            "guard {name}{i} claims a lock whose key Redis no longer has"
+        );
+    }
+    held.iter().filter(|&&h| h).count()
+}
+
+/// One overload at a time: each keeps a server and both cores busy.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A long run: thousands of locks against a server kept busy. `scripts/test --quick`
 /// leaves it out.
 mod long {
@@ -65,6 +120,7 @@ mod long {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn past_capacity_the_heartbeat_keeps_what_it_can_and_says_so() {
+        let _serial = SERIAL.lock().await;
         let warnings = Warnings::default();
         tracing::subscriber::set_global_default(
             tracing_subscriber::registry().with(warnings.clone()),
@@ -80,20 +136,7 @@ mod long {
         .await;
         let ttl = Duration::from_millis(1500);
         let count = 16000;
-        let guards: Vec<LockGuard> = futures::stream::iter(0..count)
-            .map(|i| {
-                let client = client.clone();
-                async move {
-                    client
-                        .lock_with(&format!("k{i}"), LockOptions::new(ttl))
-                        .await
-                        .unwrap()
-                }
-            })
-            // In order: guard `i` holds `k{i}`.
-            .buffered(256)
-            .collect()
-            .await;
+        let guards = take(&client, "k", count, ttl).await;
 
         let stop = Arc::new(AtomicBool::new(false));
         let slowing = slow_down(server.port(), stop.clone());
@@ -111,35 +154,9 @@ mod long {
             }
         }
 
-        // Safety first: every guard that still claims its lock finds its key in
-        // Redis. Read the keys before asking the guards: a lease only ever goes
-        // from held to lost, and its deadline comes before Redis's expiry.
-        let keys: Vec<String> = (0..count)
-            .map(|i| storage_key(PREFIX, &format!("k{i}")))
-            .collect();
-        let present: Vec<bool> = {
-            let client = redis::Client::open(server.url()).unwrap();
-            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-            let mut present = Vec::with_capacity(keys.len());
-            for chunk in keys.chunks(500) {
-                let mut exists = redis::pipe();
-                for key in chunk {
-                    exists.exists(key);
-                }
-                let answers: Vec<bool> = exists.query_async(&mut conn).await.unwrap();
-                present.extend(answers);
-            }
-            present
-        };
+        let present = present(&server, "k", count).await;
         stop.store(true, Ordering::Relaxed);
-        let held: Vec<bool> = guards.iter().map(|g| !g.is_lost()).collect();
-        for (i, (&held, &present)) in held.iter().zip(&present).enumerate() {
-            assert!(
-                !held || present,
-                "guard k{i} claims a lock whose key Redis no longer has"
-            );
-        }
-        let kept = held.iter().filter(|&&h| h).count();
+        let kept = held_where_present(&guards, &present, "k");
         assert!(
             kept > 0,
             "every one of {count} locks was lost: a cliff, not a degradation"
@@ -160,5 +177,65 @@ mod long {
         );
         slowing.join().unwrap();
         drop(guards);
+    }
+    /// A slowdown loses only the leases whose deadlines fall inside it:
+    /// thousands of short leases the slowed server cannot all renew, and
+    /// beside them leases whose ttl outlasts the slowdown. Those must all
+    /// be kept, however late their renewals come (no round that timed out
+    /// gives its leases up, no urgent lease's retries crowd them out past
+    /// their deadlines), while short ones are lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slowdown_loses_only_the_leases_whose_deadlines_it_passes() {
+        let _serial = SERIAL.lock().await;
+        let server = RedisServer::start();
+        let client: LockClient = client_with(
+            &server,
+            LockClient::builder()
+                .key_prefix(PREFIX)
+                .operation_timeout(Duration::from_millis(400)),
+        )
+        .await;
+        let (urgent_ttl, urgent_count) = (Duration::from_millis(1500), 16000);
+        let (long_ttl, long_count) = (Duration::from_secs(12), 1000);
+        let slowdown = Duration::from_secs(3);
+        let long = take(&client, "long", long_count, long_ttl).await;
+        let urgent = take(&client, "urgent", urgent_count, urgent_ttl).await;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let slowing = slow_down(server.port(), stop.clone());
+        let started = tokio::time::Instant::now();
+        tokio::time::sleep(slowdown).await;
+        stop.store(true, Ordering::Relaxed);
+        slowing.join().unwrap();
+        let slowed = started.elapsed();
+        // A long lease always has at least a third of its ttl left (it is
+        // renewed by then at the latest), so the slowdown ended before any
+        // long lease's deadline.
+        assert!(
+            slowed < long_ttl / 3,
+            "the slowdown lasted {slowed:?}: the test cannot tell what it forced"
+        );
+        // Past every long lease's deadline as it stood when the slowdown
+        // began: each kept one was renewed since, during the slowdown or
+        // after it.
+        tokio::time::sleep_until(started + long_ttl + Duration::from_secs(1)).await;
+
+        let long_present = present(&server, "long", long_count).await;
+        let urgent_present = present(&server, "urgent", urgent_count).await;
+        let long_kept = held_where_present(&long, &long_present, "long");
+        let urgent_kept = held_where_present(&urgent, &urgent_present, "urgent");
+        println!(
+            "slowed for {slowed:?}: kept {long_kept} of {long_count} long leases, \
+             {urgent_kept} of {urgent_count} short ones"
+        );
+        assert!(
+            urgent_kept < urgent_count,
+            "the slowed server renewed every short lease: the test did not overload it"
+        );
+        assert_eq!(
+            long_kept, long_count,
+            "leases whose deadlines lay past the slowdown were lost"
+        );
+        drop((long, urgent));
     }
 }
