@@ -10,7 +10,8 @@
 //! Each operation runs in a few situations (free key; behind a holder of
 //! this process that lets go mid-way, handing over its lease or its turn;
 //! behind a holder in another process), on the in-memory backend, one
-//! Redis server, and Redlock over three servers.
+//! Redis server over plain TCP and over TLS, a cluster, and Redlock over
+//! three servers.
 //!
 //! The *kept* variant polls each operation N times and then keeps it,
 //! unpolled, for longer than a ttl before dropping it. Meanwhile a lock of
@@ -509,6 +510,19 @@ async fn operations_dropped_at_any_poll_leave_nothing_behind_on_redlock() {
     every_case(&Fixture::on(Backend::redlock()).await, "redlock").await;
 }
 
+#[tokio::test]
+async fn operations_dropped_at_any_poll_leave_nothing_behind_over_tls() {
+    // Skipped (said on stderr) where redis-server was built without TLS.
+    if let Some(tls) = Backend::tls() {
+        every_case(&Fixture::on(tls).await, "redis over TLS").await;
+    }
+}
+
+#[tokio::test]
+async fn operations_dropped_at_any_poll_leave_nothing_behind_on_a_cluster() {
+    every_case(&Fixture::on(Backend::cluster()).await, "cluster").await;
+}
+
 /// The kept variant: every case, at every number of polls, kept unpolled
 /// for [`KEPT_FOR`] before it is dropped, which adds up to about a minute a
 /// backend. A long run: `scripts/test --quick` leaves it out.
@@ -528,5 +542,17 @@ mod long {
     #[tokio::test]
     async fn operations_kept_unpolled_hold_nothing_up_on_redlock() {
         every_case(&Fixture::kept(Backend::redlock()).await, "redlock, kept").await;
+    }
+
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_over_tls() {
+        if let Some(tls) = Backend::tls() {
+            every_case(&Fixture::kept(tls).await, "redis over TLS, kept").await;
+        }
+    }
+
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_on_a_cluster() {
+        every_case(&Fixture::kept(Backend::cluster()).await, "cluster, kept").await;
     }
 }
