@@ -225,8 +225,9 @@ pub(crate) static RELEASE: Lua = lua!(concat!(lua_read!(), include_str!("scripts
 /// extension: lowering the expiry then would cut the lease its holder
 /// counts on, so the expiry is set with `PEXPIRE ... GT` (Redis 7.0), one
 /// command where comparing `PTTL` first took two: the heartbeat's rounds
-/// are most of a busy client's load on its server. (A lock key always has
-/// an expiry; `GT` leaves alone one without, as if it were infinite.)
+/// are most of a busy client's load on its server. Only when `GT` leaves
+/// the expiry alone is `PTTL` read: a key of ours without an expiry (`GT`
+/// counts none as infinite) gets one.
 pub(crate) static RENEW: Lua = lua!(concat!(lua_read!(), include_str!("scripts/renew.lua")));
 
 /// Sets the expiry to exactly the ttl, shorter or longer, if the key still

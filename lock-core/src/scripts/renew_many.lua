@@ -6,7 +6,10 @@ for i, key in ipairs(KEYS) do
   end
   renewed[i] = 0
   if ok and owns(value, ARGV[2 * i - 1]) then
-    redis.call("PEXPIRE", key, ARGV[2 * i], "GT")
+    local ttl = ARGV[2 * i]
+    if redis.call("PEXPIRE", key, ttl, "GT") == 0 and redis.call("PTTL", key) == -1 then
+      redis.call("PEXPIRE", key, ttl)
+    end
     renewed[i] = 1
   end
 end
