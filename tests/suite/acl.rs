@@ -248,14 +248,14 @@ async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
         "{log:?}"
     );
 
-    // No PTTL: a renewal (here `extend` to a longer ttl) is refused inside
-    // its script.
-    create_user(&server, "no-pttl", &rules_without("+pttl", &[]));
-    let client = client_as(&server, "no-pttl").await;
+    // No PEXPIRE: a renewal (here `extend` to a longer ttl) is refused
+    // inside its script.
+    create_user(&server, "no-pexpire", &rules_without("+pexpire", &[]));
+    let client = client_as(&server, "no-pexpire").await;
     let opts = LockOptions::new(Duration::from_secs(5)).renew(false);
     let guard = client.lock_with("d", opts).await.unwrap();
     let err = guard.extend(Duration::from_secs(10)).await.unwrap_err();
-    let text = assert_denied(&err, "+pttl");
+    let text = assert_denied(&err, "+pexpire");
     assert!(text.contains("script"), "{text}");
     assert!(!guard.is_lost(), "a refusal is not a loss");
     assert!(guard.release().await.unwrap());
