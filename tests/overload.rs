@@ -58,6 +58,18 @@ return 1"#;
     })
 }
 
+/// A client whose calls give up after 400 ms, so that a slowed server's
+/// timeouts show within the test.
+async fn overload_client(server: &RedisServer) -> LockClient {
+    client_with(
+        server,
+        LockClient::builder()
+            .key_prefix(PREFIX)
+            .operation_timeout(Duration::from_millis(400)),
+    )
+    .await
+}
+
 /// Takes `{name}0` to `{name}{count - 1}`, in that order.
 async fn take(client: &LockClient, name: &str, count: usize, ttl: Duration) -> Vec<LockGuard> {
     futures::stream::iter(0..count)
@@ -127,13 +139,7 @@ mod long {
         )
         .unwrap();
         let server = RedisServer::start();
-        let client: LockClient = client_with(
-            &server,
-            LockClient::builder()
-                .key_prefix(PREFIX)
-                .operation_timeout(Duration::from_millis(400)),
-        )
-        .await;
+        let client = overload_client(&server).await;
         let ttl = Duration::from_millis(1500);
         let count = 16000;
         let guards = take(&client, "k", count, ttl).await;
@@ -188,13 +194,7 @@ mod long {
     async fn a_slowdown_loses_only_the_leases_whose_deadlines_it_passes() {
         let _serial = SERIAL.lock().await;
         let server = RedisServer::start();
-        let client: LockClient = client_with(
-            &server,
-            LockClient::builder()
-                .key_prefix(PREFIX)
-                .operation_timeout(Duration::from_millis(400)),
-        )
-        .await;
+        let client = overload_client(&server).await;
         let (urgent_ttl, urgent_count) = (Duration::from_millis(1500), 16000);
         let (long_ttl, long_count) = (Duration::from_secs(12), 1000);
         let slowdown = Duration::from_secs(3);

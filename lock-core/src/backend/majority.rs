@@ -341,6 +341,16 @@ mod tests {
         answers.by_server.iter().map(Option::is_some).collect()
     }
 
+    /// Waits (a second at most) until `count` calls are left running.
+    async fn until_in_background(background: &AtomicUsize, count: usize) {
+        within_a_second(async {
+            while background.load(Ordering::Relaxed) != count {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+
     async fn within_a_second<T>(work: impl Future<Output = T>) -> T {
         tokio::time::timeout(Duration::from_secs(1), work)
             .await
@@ -398,12 +408,7 @@ mod tests {
         for tx in senders {
             tx.send(false).expect("a call left behind was dropped");
         }
-        within_a_second(async {
-            while background.load(Ordering::Relaxed) != 0 {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
+        until_in_background(&background, 0).await;
     }
 
     /// A call left running that panics (one started on a runtime that has
@@ -429,19 +434,9 @@ mod tests {
         assert_eq!(answered(&answers), [true, true, true, false, false]);
         let (panics, last) = (senders.next().unwrap(), senders.next().unwrap());
         panics.send(false).unwrap();
-        within_a_second(async {
-            while background.load(Ordering::Relaxed) != 1 {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
+        until_in_background(&background, 1).await;
         last.send(true).expect("the other call was dropped with it");
-        within_a_second(async {
-            while background.load(Ordering::Relaxed) != 0 {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
+        until_in_background(&background, 0).await;
     }
 
     #[tokio::test]
