@@ -279,15 +279,12 @@ where
                 // A call started on a runtime that has shut down since
                 // panics when polled (its timer went with that runtime):
                 // that call alone is dropped, the others go on.
-                loop {
+                while !running.is_empty() {
                     let next = std::panic::AssertUnwindSafe(running.next()).catch_unwind();
-                    let more = !matches!(next.await, Ok(None));
+                    let _answered_or_panicked = next.await;
                     let gone = counted.left - running.len();
                     counted.left -= gone;
                     counted.background.fetch_sub(gone, Ordering::Relaxed);
-                    if !more || running.is_empty() {
-                        break;
-                    }
                 }
             });
         }
