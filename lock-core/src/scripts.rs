@@ -2,14 +2,14 @@
 //!
 //! Each is sent with `EVALSHA` through [`Eval`], which loads the script and
 //! sends the call again when the server answers `NOSCRIPT` (after `SCRIPT
-//! FLUSH` or a restart). lock-core's own connection (`backend/wire.rs`)
+//! FLUSH` or a restart). lock-core's own connection (`backend/wire/`)
 //! also queues a `SCRIPT LOAD` of each of [`ALL`] right after logging in,
 //! without waiting for the answers: the commands after them find the
 //! scripts loaded. A call sent again after `NOSCRIPT` is a new command,
 //! behind whatever the connection carried meanwhile: a Redlock attempt's
 //! call left to finish in the background could then set its key after the
 //! attempt's undo had passed, leaving the key held until its ttl. Over the
-//! `redis` crate's connections (TLS, Unix sockets, Sentinel) scripts load
+//! `redis` crate's connections (Unix sockets, Sentinel, Cluster) scripts load
 //! on first use, a `NOSCRIPT` answer and a `SCRIPT LOAD` once per script
 //! and server.
 //!

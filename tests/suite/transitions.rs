@@ -14,7 +14,8 @@
 //! | the server restarted without its data | a holder is told `Lost` within its ttl; a leader campaigns again with a larger term |
 //! | another runtime of the client blocked | its waiters and watchers elsewhere follow within [`FOLLOWED`] |
 //!
-//! Every case runs on one server and on Redlock over three. The observer
+//! Every case runs on one server and on Redlock over three; the drops run
+//! over TLS too (the holder's connection; the observer's is plain). The observer
 //! that takes what was held is patient (a backoff of 5 s, a ttl of 10 s):
 //! only hearing the release brings it in within the bound.
 //!
@@ -177,6 +178,55 @@ fn deployments() -> [Vec<RedisServer>; 2] {
     [vec![RedisServer::start()], start_servers(3)]
 }
 
+/// Where a holder that is dropped runs, and how it reaches its servers.
+/// The observer always uses plain TCP: the release it hears is sent over
+/// the holder's transport.
+struct Deployment {
+    servers: Vec<RedisServer>,
+    /// The CA the servers' TLS certificates are issued by, when the holder
+    /// reaches them over TLS.
+    ca: Option<String>,
+}
+
+impl Deployment {
+    /// The holder's URLs and settings.
+    fn holder(&self, name: &str) -> LockClientBuilder {
+        match &self.ca {
+            Some(ca) => replica(name)
+                .urls(self.servers.iter().map(RedisServer::tls_url))
+                .tls_root_certificate(ca.clone()),
+            None => replica(name).urls(self.servers.iter().map(RedisServer::url)),
+        }
+    }
+
+    /// The deployment, in the test's messages.
+    fn name(&self) -> String {
+        let over = if self.ca.is_some() { " over TLS" } else { "" };
+        format!("{} server(s){over}", self.servers.len())
+    }
+}
+
+/// [`deployments`], and one server the holder reaches over TLS (where the
+/// `redis-server` binary has TLS).
+fn drop_deployments() -> Vec<Deployment> {
+    let mut each: Vec<Deployment> = deployments()
+        .into_iter()
+        .map(|servers| Deployment { servers, ca: None })
+        .collect();
+    let certificates = lock_testkit::TestCertificates::generate();
+    match RedisServer::builder().tls(&certificates).try_start() {
+        Ok(server) => each.push(Deployment {
+            servers: vec![server],
+            ca: Some(certificates.ca_pem().to_owned()),
+        }),
+        Err(e) if e.log_tail().is_some_and(|log| log.contains("TLS support")) => {
+            eprintln!("skipped over TLS: this redis-server was built without TLS");
+        }
+        Err(e) => panic!("{e}"),
+    }
+    each
+}
+
 /// How a holder's runtime ends.
 #[derive(Clone, Copy, Debug)]
 enum Flavor {
@@ -203,11 +253,12 @@ fn runtime(flavor: Flavor) -> tokio::runtime::Runtime {
 /// returning from `main` drops it. The observer takes it within
 /// [`FOLLOWED`] of the drop.
 async fn dropped_with_its_runtime(
-    servers: &[RedisServer],
+    deployment: &Deployment,
     hold_what: Hold,
     flavor: Flavor,
 ) -> Duration {
-    let builder = replica("holder").urls(servers.iter().map(RedisServer::url));
+    let servers = &deployment.servers;
+    let builder = deployment.holder("holder");
     let (held_tx, held) = oneshot::channel();
     let (go, stop) = oneshot::channel::<()>();
     let holder = std::thread::spawn(move || {
@@ -231,18 +282,15 @@ async fn dropped_with_its_runtime(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_is_held_is_released_when_the_runtime_shuts_down() {
-    for servers in deployments() {
+    for deployment in drop_deployments() {
         for flavor in [Flavor::CurrentThread, Flavor::MultiThread] {
-            for hold in holds_on(&servers) {
-                let lag = dropped_with_its_runtime(&servers, hold, flavor).await;
-                eprintln!(
-                    "{} server(s), {flavor:?}, {hold:?}: followed {lag:?} after the runtime went",
-                    servers.len()
-                );
+            for hold in holds_on(&deployment.servers) {
+                let lag = dropped_with_its_runtime(&deployment, hold, flavor).await;
+                let name = deployment.name();
+                eprintln!("{name}, {flavor:?}, {hold:?}: followed {lag:?} after the runtime went");
                 assert!(
                     lag < FOLLOWED,
-                    "{} server(s), {flavor:?} runtime, {hold:?}: followed {lag:?} after the runtime went",
-                    servers.len()
+                    "{name}, {flavor:?} runtime, {hold:?}: followed {lag:?} after the runtime went"
                 );
             }
         }
@@ -253,29 +301,31 @@ async fn what_is_held_is_released_when_the_runtime_shuts_down() {
 /// release is sent all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_dropped_outside_any_runtime_is_released() {
-    for servers in deployments() {
-        for hold in holds_on(&servers)
+    for deployment in drop_deployments() {
+        let servers = &deployment.servers;
+        for hold in holds_on(servers)
             .into_iter()
             .filter(|h| !matches!(h, Hold::Attribute | Hold::Leading))
         {
-            let client = client_with(&servers[..], replica("holder")).await;
+            let client = build(deployment.holder("holder"), &servers[..]).await;
             let guard = match hold {
                 Hold::LockAll => client.lock_all(&[KEY, OTHER], options(hold, TTL)).await,
                 _ => client.lock_with(KEY, options(hold, TTL)).await,
             }
             .unwrap();
-            let follower = observer_waiting(&servers, hold).await;
+            let follower = observer_waiting(servers, hold).await;
             let dropped = Instant::now();
             std::thread::spawn(move || drop(guard)).join().unwrap();
             let lag = bounded(follower, "never followed")
                 .await
                 .unwrap()
                 .saturating_duration_since(dropped);
-            eprintln!(
-                "{} server(s), {hold:?} dropped on a plain thread: followed {lag:?}",
-                servers.len()
+            let name = deployment.name();
+            eprintln!("{name}, {hold:?} dropped on a plain thread: followed {lag:?}");
+            assert!(
+                lag < FOLLOWED,
+                "{name}, {hold:?}: followed {lag:?} after the drop"
             );
-            assert!(lag < FOLLOWED, "{hold:?}: followed {lag:?} after the drop");
         }
     }
 }
@@ -297,10 +347,14 @@ fn holder_process() {
         other => panic!("unknown hold {other}"),
     };
     let urls: Vec<String> = parts.map(str::to_owned).collect();
+    let mut builder = replica("child").urls(urls);
+    if let Ok(ca) = std::env::var("LOCK_TRANSITION_CA") {
+        builder = builder.tls_root_certificate(ca);
+    }
     let runtime = runtime(Flavor::MultiThread);
     let (held_tx, held) = oneshot::channel();
     runtime.block_on(async move {
-        let client = replica("child").urls(urls).build().await.unwrap();
+        let client = builder.build().await.unwrap();
         tokio::spawn(async move { hold(&client, hold_what, TTL, held_tx).await });
         held.await.unwrap();
     });
@@ -314,10 +368,15 @@ fn holder_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_process_returning_from_main_releases() {
-    for servers in deployments() {
+    for deployment in drop_deployments() {
+        let servers = &deployment.servers;
         for hold_what in [Hold::Guard, Hold::Attribute, Hold::Leading] {
-            let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-            let mut child = Command::new(std::env::current_exe().unwrap())
+            let urls: Vec<String> = match deployment.ca {
+                Some(_) => servers.iter().map(RedisServer::tls_url).collect(),
+                None => servers.iter().map(RedisServer::url).collect(),
+            };
+            let mut child = Command::new(std::env::current_exe().unwrap());
+            child
                 .args([
                     "--ignored",
                     "--exact",
@@ -327,7 +386,11 @@ async fn the_process_returning_from_main_releases() {
                 .env(
                     "LOCK_TRANSITION_CHILD",
                     format!("{hold_what:?} {}", urls.join(" ")),
-                )
+                );
+            if let Some(ca) = &deployment.ca {
+                child.env("LOCK_TRANSITION_CA", ca);
+            }
+            let mut child = child
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -339,7 +402,7 @@ async fn the_process_returning_from_main_releases() {
                     .is_some()
             });
             assert!(held.await.unwrap(), "the child never held");
-            let follower = observer_waiting(&servers, hold_what).await;
+            let follower = observer_waiting(servers, hold_what).await;
             let exited = Instant::now();
             writeln!(child.stdin.take().unwrap(), "go").unwrap();
             let lag = bounded(follower, "never followed")
@@ -350,13 +413,11 @@ async fn the_process_returning_from_main_releases() {
                 .await
                 .unwrap();
             assert!(status.unwrap().success());
-            eprintln!(
-                "{} server(s), {hold_what:?}: followed {lag:?} after the process was told to exit",
-                servers.len()
-            );
+            let name = deployment.name();
+            eprintln!("{name}, {hold_what:?}: followed {lag:?} after the process was told to exit");
             assert!(
                 lag < FOLLOWED,
-                "{hold_what:?}: followed {lag:?} after the exit"
+                "{name}, {hold_what:?}: followed {lag:?} after the exit"
             );
         }
     }

@@ -7,7 +7,7 @@
 //! lock-core's own connection (plain TCP) is opened on the runtime of the
 //! call that needs it, whose task then reads its replies without a hop to
 //! another thread, and whose stalls its read-turn takeover already keeps
-//! from other callers (`wire.rs`). A client kept in a global outlives the
+//! from other callers (`wire/`). A client kept in a global outlives the
 //! runtime it was built on (every `#[tokio::test]` has its own), so the
 //! next call notices and connects again on its own runtime. The `redis`
 //! crate's connections (TLS, Unix sockets, RESP3, Sentinel, Cluster) have a

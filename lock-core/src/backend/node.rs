@@ -3,7 +3,7 @@
 
 use super::Server;
 use super::connection::{self, Failure, Opens, SharedConnection};
-use super::wire::Wire;
+use super::wire::{TlsConfig, Wire};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
 use crate::scripts::{self, Eval};
@@ -37,9 +37,10 @@ pub(crate) struct Node {
 /// A connection to a node's server.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    /// lock-core's own, for plain TCP (see `wire.rs`): the common case.
+    /// lock-core's own, for plain TCP and TLS (see `wire/`): the common
+    /// case.
     Wire(Wire),
-    /// The `redis` crate's, for TLS, Unix sockets, RESP3 and Sentinel.
+    /// The `redis` crate's, for Unix sockets, RESP3 and Sentinel.
     Multiplexed(MultiplexedConnection),
 }
 
@@ -75,8 +76,9 @@ impl ConnectionLike for Conn {
 /// which runs in a task of its own.
 #[derive(Clone)]
 enum Target {
-    /// One server, always the same.
-    Direct(redis::Client),
+    /// One server, always the same; over TLS, what lock-core's own
+    /// connection trusts and presents.
+    Direct(redis::Client, Option<TlsConfig>),
     /// The primary the Sentinels name at the time of connecting.
     Sentinel(SentinelTarget),
 }
@@ -127,13 +129,11 @@ impl Target {
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
         match self {
-            Target::Direct(client) => {
+            Target::Direct(client, tls) => {
                 let info = client.get_connection_info();
-                let settings = info.redis_settings();
-                if let redis::ConnectionAddr::Tcp(host, port) = info.addr()
-                    && settings.protocol() == redis::ProtocolVersion::RESP2
-                {
-                    return Ok(Conn::Wire(Wire::connect(host, *port, settings).await?));
+                if let Some((host, port, tls)) = wire_target(info, tls.as_ref()) {
+                    let settings = info.redis_settings();
+                    return Ok(Conn::Wire(Wire::connect(host, port, settings, tls).await?));
                 }
                 client
                     .get_multiplexed_async_connection_with_config(&config)
@@ -170,8 +170,6 @@ impl Node {
                  (lock-core = {{ version = \"0.1\", features = [\"tls\"] }})",
                 redact(url)
             )));
-            #[cfg(feature = "tls")]
-            tls::install_crypto_provider();
         }
         let client = redis::Client::open(url).map_err(|e| {
             LockError::config(format!(
@@ -180,7 +178,16 @@ impl Node {
             ))
             .with_source(e)
         })?;
-        Ok(Node::with_client(client, connect_timeout))
+        #[cfg(feature = "tls")]
+        let tls = if is_tls_url(url) {
+            tls::install_crypto_provider();
+            Some(tls::config(None)?)
+        } else {
+            None
+        };
+        #[cfg(not(feature = "tls"))]
+        let tls = None;
+        Ok(Node::with_client(client, tls, connect_timeout))
     }
 
     /// A `rediss://` server whose certificate is checked against
@@ -208,7 +215,8 @@ impl Node {
             ))
             .with_source(e)
         })?;
-        Ok(Node::with_client(client, connect_timeout))
+        let tls = tls::config(Some(certificates))?;
+        Ok(Node::with_client(client, Some(tls), connect_timeout))
     }
 
     /// The primary of `service` as the Sentinels at `sentinel_urls` name
@@ -266,20 +274,20 @@ impl Node {
         })
     }
 
-    fn with_client(client: redis::Client, connect_timeout: Duration) -> Node {
+    fn with_client(
+        client: redis::Client,
+        tls: Option<TlsConfig>,
+        connect_timeout: Duration,
+    ) -> Node {
         let info = client.get_connection_info();
         let addr = info.addr().to_string();
         // lock-core's own connection where it serves (see `Target::open`).
-        let opens = match info.addr() {
-            redis::ConnectionAddr::Tcp(..)
-                if info.redis_settings().protocol() == redis::ProtocolVersion::RESP2 =>
-            {
-                Opens::WhereCalled
-            }
-            _ => Opens::Apart,
+        let opens = match wire_target(info, tls.as_ref()) {
+            Some(_) => Opens::WhereCalled,
+            None => Opens::Apart,
         };
         Node {
-            target: Target::Direct(client),
+            target: Target::Direct(client, tls),
             addr,
             connect_timeout,
             min_replicas: None,
@@ -291,7 +299,7 @@ impl Node {
     /// Sentinel node, whose server changes with failovers.
     pub(crate) fn redis_client(&self) -> Option<redis::Client> {
         match &self.target {
-            Target::Direct(client) => Some(client.clone()),
+            Target::Direct(client, _) => Some(client.clone()),
             Target::Sentinel(_) => None,
         }
     }
@@ -379,8 +387,8 @@ impl Server for Node {
 impl Node {
     /// Compare-and-delete sent without waiting for its reply, over
     /// lock-core's own connection: returns once it is written (see
-    /// [`Wire::send_unheard`]). Over the `redis` crate's connection (TLS,
-    /// Unix sockets, RESP3, Sentinel) the reply is awaited as for
+    /// [`Wire::send_unheard`]). Over the `redis` crate's connection (Unix
+    /// sockets, RESP3, Sentinel) the reply is awaited as for
     /// [`release`](Self::release), and so is the first release on such a
     /// connection, which loads the script where the server lacks it. A
     /// failure the reply reports later is logged and counted; the lease then
@@ -461,6 +469,28 @@ pub(super) fn is_read_only(err: &redis::RedisError) -> bool {
         || err.to_string().contains("READONLY")
 }
 
+/// Where lock-core's own connection serves a server, as its host, port
+/// and TLS configuration: over plain TCP, or over TLS with a configuration
+/// of its own and the server's certificate checked, speaking RESP2.
+fn wire_target<'a>(
+    info: &'a redis::ConnectionInfo,
+    tls: Option<&'a TlsConfig>,
+) -> Option<(&'a str, u16, Option<&'a TlsConfig>)> {
+    if info.redis_settings().protocol() != redis::ProtocolVersion::RESP2 {
+        return None;
+    }
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port) => Some((host, *port, None)),
+        redis::ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            ..
+        } => Some((host, *port, Some(tls?))),
+        _ => None,
+    }
+}
+
 /// Whether `url` asks for TLS (`rediss://` or `valkeys://`).
 fn is_tls_url(url: &str) -> bool {
     url.split_once("://").is_some_and(|(scheme, _)| {
@@ -476,12 +506,21 @@ mod tls {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
 
+    /// What lock-core's own `rediss://` connections trust and present:
+    /// `certificates`, or the system's trust store without them.
+    pub(super) fn config(
+        certificates: Option<&redis::TlsCertificates>,
+    ) -> Result<super::TlsConfig, LockError> {
+        super::TlsConfig::new(certificates)
+            .map_err(|why| LockError::config(format!("cannot set up TLS: {why}")))
+    }
+
     /// Makes rustls' `ring` provider the process default, unless the
     /// application installed one (of its choice) before.
     ///
-    /// The `redis` crate builds its rustls configuration from the process
-    /// default, and rustls finds none by itself when no provider or more
-    /// than one was compiled in.
+    /// The `redis` crate and lock-core's own connection build their rustls
+    /// configuration from the process default, and rustls finds none by
+    /// itself when no provider or more than one was compiled in.
     pub(super) fn install_crypto_provider() {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             // Losing a race to another thread is fine: a provider is set.
@@ -522,8 +561,9 @@ mod tls {
     /// What to check when a TLS handshake failed, or `None` when `err` is
     /// not a handshake failure.
     ///
-    /// The `redis` crate passes rustls errors on inside an I/O error that
-    /// hides their type, so they are told apart by rustls' wording.
+    /// A handshake's rustls error arrives inside an I/O error that hides
+    /// its type (from the `redis` crate's connection and from tokio-rustls
+    /// alike), so they are told apart by rustls' wording.
     pub(super) fn handshake_hint(err: &redis::RedisError) -> Option<&'static str> {
         if !err.is_io_error() {
             return None;

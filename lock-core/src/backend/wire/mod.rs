@@ -1,4 +1,4 @@
-//! lock-core's own connection to one Redis server over plain TCP.
+//! lock-core's own connection to one Redis server, over plain TCP or TLS.
 //!
 //! A lock cycle is two round trips, so what a round trip costs the client
 //! is most of what a lock costs. The `redis` crate's multiplexed connection
@@ -29,8 +29,9 @@
 //! non-blocking steps, so two readers can never interleave a reply.
 //!
 //! It speaks RESP2, logs in (`AUTH`, with an ACL user name when given) and
-//! selects the database. TLS, Unix sockets and RESP3 go through the `redis`
-//! crate's connection instead (see `node.rs`).
+//! selects the database. TLS runs over the same steps (see the `tls`
+//! module). Unix sockets, RESP3 and Sentinel go through the `redis` crate's
+//! connection instead (see `node.rs`).
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
@@ -47,6 +48,42 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use crate::scripts;
+
+#[cfg(feature = "tls")]
+mod tls;
+pub(crate) use tls::TlsConfig;
+
+/// Without the `tls` feature no TLS configuration exists, so no connection
+/// has a session.
+#[cfg(not(feature = "tls"))]
+mod tls {
+    use super::ReadBuf;
+    use std::io;
+    use tokio::net::TcpStream;
+
+    #[derive(Clone)]
+    pub(crate) enum TlsConfig {}
+
+    pub(super) enum Session {}
+
+    impl Session {
+        pub(super) async fn handshake(
+            _: TcpStream,
+            _: &str,
+            config: &TlsConfig,
+        ) -> io::Result<(TcpStream, Session)> {
+            match *config {}
+        }
+
+        pub(super) fn write(&self, _: &TcpStream, _: &[u8]) -> io::Result<bool> {
+            match *self {}
+        }
+
+        pub(super) fn read(&self, _: &TcpStream, _: &mut ReadBuf) -> io::Result<usize> {
+            match *self {}
+        }
+    }
+}
 
 type Reply = RedisResult<Value>;
 
@@ -83,6 +120,8 @@ pub(crate) struct Wire {
 
 struct Inner {
     stream: TcpStream,
+    /// The TLS session over `stream`, for a `rediss://` server.
+    tls: Option<tls::Session>,
     db: i64,
     /// What writers and the reader share; held only for non-blocking steps.
     state: Mutex<State>,
@@ -117,8 +156,12 @@ struct State {
     written: usize,
     /// How many bytes the socket has taken since the connection opened:
     /// a command queued when this plus what is unsent was `n` is written
-    /// once this reaches `n`.
+    /// once this reaches `n`. Over TLS, bytes count once every record
+    /// made so far is written.
     sent_total: u64,
+    /// Over TLS: bytes handed to the session whose records are not all
+    /// written yet.
+    in_tls: u64,
     /// Why the connection broke; every later call fails with it.
     broken: Option<(io::ErrorKind, String)>,
     /// The caller whose turn it is to read for everyone, if any.
@@ -147,22 +190,31 @@ struct ReadBuf {
 }
 
 impl Wire {
-    /// Connects to `host:port`, logs in with the credentials of `settings`
-    /// and selects its database.
+    /// Connects to `host:port` (over TLS with `tls`), logs in with the
+    /// credentials of `settings` and selects its database.
     ///
     /// Not bounded here: the caller bounds connecting as a whole.
     pub(crate) async fn connect(
         host: &str,
         port: u16,
         settings: &redis::RedisConnectionInfo,
+        tls: Option<&TlsConfig>,
     ) -> RedisResult<Wire> {
         let stream = TcpStream::connect((host, port)).await?;
         // Commands of many tasks go out in separate writes: Nagle's
         // algorithm would hold the later ones back for an acknowledgement.
         stream.set_nodelay(true)?;
+        let (stream, tls) = match tls {
+            Some(config) => {
+                let (stream, session) = tls::Session::handshake(stream, host, config).await?;
+                (stream, Some(session))
+            }
+            None => (stream, None),
+        };
         let mut wire = Wire {
             inner: Arc::new(Inner {
                 stream,
+                tls,
                 db: settings.db(),
                 state: Mutex::default(),
                 scripts_loaded: AtomicBool::new(false),
@@ -372,7 +424,7 @@ impl Wire {
         Ok(Queued {
             idle,
             alone,
-            end: state.sent_total + unsent as u64,
+            end: state.sent_total + state.in_tls + unsent as u64,
             unsent,
         })
     }
@@ -457,8 +509,12 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes what the socket takes of the unsent bytes, without waiting.
-    fn flush(&self, state: &mut State) -> io::Result<()> {
+    /// Writes what the socket takes of the unsent bytes, without waiting;
+    /// whether some are left (the socket's buffer is full).
+    fn flush(&self, state: &mut State) -> io::Result<bool> {
+        if let Some(tls) = &self.tls {
+            return flush_tls(tls, &self.stream, state);
+        }
         while !state.unsent.is_empty() {
             match self.stream.try_write(&state.unsent[state.written..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -478,7 +534,7 @@ impl Inner {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(!state.unsent.is_empty())
     }
 
     /// [`flush`](Self::flush) with the state's lock, which it releases;
@@ -486,7 +542,7 @@ impl Inner {
     /// (the socket's buffer is full).
     fn write_out(&self, mut state: MutexGuard<'_, State>) -> RedisResult<bool> {
         match self.flush(&mut state) {
-            Ok(()) => Ok(!state.unsent.is_empty()),
+            Ok(left) => Ok(left),
             Err(err) => {
                 drop(state);
                 Err(self.fail(err))
@@ -507,7 +563,7 @@ impl Inner {
             return Err(err);
         }
         match self.flush(&mut state) {
-            Ok(()) => Ok(state.sent_total < end),
+            Ok(_) => Ok(state.sent_total < end),
             Err(err) => {
                 drop(state);
                 Err(self.fail(err))
@@ -537,6 +593,7 @@ impl Inner {
             }
             state.unsent.clear();
             state.written = 0;
+            state.in_tls = 0;
             (std::mem::take(&mut state.waiting), state.error())
         };
         // Their receivers now see the channel closed, and ask `error`; a
@@ -695,6 +752,18 @@ impl Inner {
     /// inside `try_io` for that: readiness is cleared only as of when the
     /// read began, so data that arrives meanwhile still wakes the next wait.
     fn read(&self, reader: &mut ReadBuf) -> io::Result<()> {
+        let got = match &self.tls {
+            Some(tls) => tls.read(&self.stream, reader)?,
+            None => self.read_plain(reader)?,
+        };
+        if got > 0 {
+            self.reads.fetch_add(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// [`read`](Self::read) from a plain socket: how many bytes.
+    fn read_plain(&self, reader: &mut ReadBuf) -> io::Result<usize> {
         reader.compact();
         let room = reader.buf.len() - reader.end;
         let dst = &mut reader.buf[reader.end..];
@@ -709,22 +778,19 @@ impl Inner {
             Ok(())
         });
         reader.end += got;
-        if got > 0 {
-            self.reads.fetch_add(1, Ordering::Release);
-        }
         match outcome {
             Ok(()) if got == 0 => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the server closed the connection",
             )),
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(got),
             Err(e)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                 ) =>
             {
-                Ok(())
+                Ok(got)
             }
             Err(e) => Err(e),
         }
@@ -762,6 +828,25 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// [`Inner::flush`] over TLS: every unsent byte goes to the session, which
+/// writes what the socket takes of its records; the bytes count as sent
+/// once none of those is left.
+fn flush_tls(tls: &tls::Session, stream: &TcpStream, state: &mut State) -> io::Result<bool> {
+    let fresh = &state.unsent[state.written..];
+    let handed = fresh.len() as u64;
+    let left = tls.write(stream, fresh)?;
+    state.in_tls += handed;
+    state.unsent.clear();
+    state.written = 0;
+    if state.unsent.capacity() > KEEP_AT_MOST {
+        state.unsent.shrink_to(READ_CHUNK);
+    }
+    if !left {
+        state.sent_total += std::mem::take(&mut state.in_tls);
+    }
+    Ok(left)
 }
 
 /// Whether `value` is a `NOSCRIPT` error reply.
@@ -1020,9 +1105,43 @@ mod tests {
         use lock_testkit::RedisServer;
         use std::time::Duration;
 
+        /// A fresh server and a connection to it over each transport the
+        /// connection runs on: plain TCP, and TLS when built with it. The
+        /// transport shows in the test's output should an assertion fail.
+        async fn each_transport() -> Vec<(RedisServer, Wire)> {
+            let server = RedisServer::start();
+            let wire = connect(&server).await;
+            #[allow(unused_mut)]
+            let mut each = vec![(server, wire)];
+            #[cfg(feature = "tls")]
+            each.push(over_tls().await);
+            each
+        }
+
+        /// A server serving TLS with a private CA, and a connection to it
+        /// that trusts that CA.
+        #[cfg(feature = "tls")]
+        async fn over_tls() -> (RedisServer, Wire) {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let certificates = lock_testkit::TestCertificates::generate();
+            let server = RedisServer::builder().tls(&certificates).start();
+            let config = TlsConfig::new(Some(&redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(certificates.ca_pem().as_bytes().to_vec()),
+            }))
+            .expect("TLS configuration");
+            let info = redis::RedisConnectionInfo::default();
+            let port = server.tls_port().expect("a TLS port");
+            let wire = Wire::connect("127.0.0.1", port, &info, Some(&config))
+                .await
+                .expect("connect over TLS");
+            eprintln!("the same over TLS");
+            (server, wire)
+        }
+
         async fn connect(server: &RedisServer) -> Wire {
             let info = redis::RedisConnectionInfo::default();
-            Wire::connect("127.0.0.1", server.port(), &info)
+            Wire::connect("127.0.0.1", server.port(), &info, None)
                 .await
                 .expect("connect")
         }
@@ -1045,8 +1164,12 @@ mod tests {
         /// command.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn concurrent_callers_each_get_their_own_reply() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                concurrent_callers_each_get_their_own_reply_on(server, wire).await;
+            }
+        }
+
+        async fn concurrent_callers_each_get_their_own_reply_on(_server: RedisServer, wire: Wire) {
             let tasks: Vec<_> = (0..64)
                 .map(|task| {
                     let wire = wire.clone();
@@ -1094,8 +1217,12 @@ mod tests {
         /// reply when it is polled again.
         #[tokio::test]
         async fn a_kept_reader_does_not_hold_up_the_others() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                a_kept_reader_does_not_hold_up_the_others_on(server, wire).await;
+            }
+        }
+
+        async fn a_kept_reader_does_not_hold_up_the_others_on(_server: RedisServer, wire: Wire) {
             // The script loads queued at connect are answered first.
             assert_eq!(echo(&wire, "first").await.unwrap(), "first");
             let kept = waiting_echo(&wire, "kept").await;
@@ -1117,8 +1244,15 @@ mod tests {
         /// read turn holds up no task of the other worker.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_reader_on_a_blocked_thread_does_not_hold_up_the_others() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                a_reader_on_a_blocked_thread_does_not_hold_up_the_others_on(server, wire).await;
+            }
+        }
+
+        async fn a_reader_on_a_blocked_thread_does_not_hold_up_the_others_on(
+            _server: RedisServer,
+            wire: Wire,
+        ) {
             let (took, turn_taken) = oneshot::channel();
             let blocker = tokio::spawn({
                 let wire = wire.clone();
@@ -1153,8 +1287,12 @@ mod tests {
         /// the next callers get their own replies.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn callers_that_give_up_do_not_shift_the_replies() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                callers_that_give_up_do_not_shift_the_replies_on(server, wire).await;
+            }
+        }
+
+        async fn callers_that_give_up_do_not_shift_the_replies_on(server: RedisServer, wire: Wire) {
             assert_eq!(echo(&wire, "before").await.unwrap(), "before");
             let pause = server.pause();
             let gave_up: Vec<_> = (0..16)
@@ -1181,8 +1319,15 @@ mod tests {
         /// follow it in order.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_command_larger_than_the_socket_buffer_goes_out_whole() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                a_command_larger_than_the_socket_buffer_goes_out_whole_on(server, wire).await;
+            }
+        }
+
+        async fn a_command_larger_than_the_socket_buffer_goes_out_whole_on(
+            _server: RedisServer,
+            wire: Wire,
+        ) {
             let big = vec![7u8; 24 * 1024 * 1024];
             let writer = {
                 let wire = wire.clone();
@@ -1247,9 +1392,13 @@ mod tests {
         /// them written, rather than left for the connection's next call.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_caller_dropped_before_writing_still_writes() {
+            for (server, wire) in each_transport().await {
+                a_caller_dropped_before_writing_still_writes_on(server, wire).await;
+            }
+        }
+
+        async fn a_caller_dropped_before_writing_still_writes_on(server: RedisServer, wire: Wire) {
             use futures::FutureExt;
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
             let waiting = blpop(&server, &wire, "list").await;
             let set = redis::cmd("SET").arg("k").arg("v").clone();
             let mut conn = wire.clone();
@@ -1277,8 +1426,15 @@ mod tests {
         /// call returns.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn unheard_commands_are_written_when_their_calls_return() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                unheard_commands_are_written_when_their_calls_return_on(server, wire).await;
+            }
+        }
+
+        async fn unheard_commands_are_written_when_their_calls_return_on(
+            server: RedisServer,
+            wire: Wire,
+        ) {
             let waiting = blpop(&server, &wire, "list").await;
             let sends = (0..16).map(|i| {
                 let wire = wire.clone();
@@ -1315,9 +1471,17 @@ mod tests {
         /// waited for it) still go out.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn unheard_commands_dropped_while_waiting_their_turn_still_go_out() {
+            for (server, wire) in each_transport().await {
+                unheard_commands_dropped_while_waiting_their_turn_still_go_out_on(server, wire)
+                    .await;
+            }
+        }
+
+        async fn unheard_commands_dropped_while_waiting_their_turn_still_go_out_on(
+            server: RedisServer,
+            wire: Wire,
+        ) {
             use futures::FutureExt;
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
             let waiting = blpop(&server, &wire, "list").await;
             let first = redis::cmd("SET").arg("a").arg("v").clone();
             let second = redis::cmd("SET").arg("b").arg("v").clone();
@@ -1349,8 +1513,15 @@ mod tests {
         /// replaces).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_closed_connection_fails_waiting_and_later_calls() {
-            let server = RedisServer::start();
-            let wire = connect(&server).await;
+            for (server, wire) in each_transport().await {
+                a_closed_connection_fails_waiting_and_later_calls_on(server, wire).await;
+            }
+        }
+
+        async fn a_closed_connection_fails_waiting_and_later_calls_on(
+            server: RedisServer,
+            wire: Wire,
+        ) {
             // Blocks until the connection goes.
             let waiting = blpop(&server, &wire, "nothing").await;
             let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
@@ -1381,7 +1552,7 @@ mod tests {
                 socket
             });
             let info = redis::RedisConnectionInfo::default();
-            let wire = Wire::connect("127.0.0.1", port, &info).await.unwrap();
+            let wire = Wire::connect("127.0.0.1", port, &info, None).await.unwrap();
             let err = echo(&wire, "hello").await.unwrap_err();
             assert!(err.is_connection_dropped(), "{err}");
             assert!(err.to_string().contains("protocol"), "{err}");
@@ -1399,7 +1570,7 @@ mod tests {
                 server.port()
             ))
             .unwrap();
-            let mut wire = Wire::connect("127.0.0.1", server.port(), info.redis_settings())
+            let mut wire = Wire::connect("127.0.0.1", server.port(), info.redis_settings(), None)
                 .await
                 .unwrap();
             assert_eq!(wire.get_db(), 3);
@@ -1425,7 +1596,8 @@ mod tests {
                 server.port()
             ))
             .unwrap();
-            let refused = Wire::connect("127.0.0.1", server.port(), wrong.redis_settings()).await;
+            let refused =
+                Wire::connect("127.0.0.1", server.port(), wrong.redis_settings(), None).await;
             assert_eq!(
                 refused
                     .err()
