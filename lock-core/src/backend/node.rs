@@ -206,8 +206,8 @@ impl Node {
                 redact(url)
             )));
         }
-        tls::check_certificates(certificates)?;
         tls::install_crypto_provider();
+        let tls = tls::config(Some(certificates))?;
         let client = redis::Client::build_with_tls(url, certificates.clone()).map_err(|e| {
             LockError::config(format!(
                 "cannot use Redis URL {:?} with the TLS certificates given to the builder",
@@ -215,7 +215,6 @@ impl Node {
             ))
             .with_source(e)
         })?;
-        let tls = tls::config(Some(certificates))?;
         Ok(Node::with_client(client, Some(tls), connect_timeout))
     }
 
@@ -503,8 +502,6 @@ fn is_tls_url(url: &str) -> bool {
 #[cfg(feature = "tls")]
 mod tls {
     use crate::error::LockError;
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
 
     /// What lock-core's own `rediss://` connections trust and present:
     /// `certificates`, or the system's trust store without them.
@@ -526,36 +523,6 @@ mod tls {
             // Losing a race to another thread is fine: a provider is set.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-    }
-
-    /// Rejects certificate bytes that hold no PEM certificate (a file
-    /// mixed up with another, DER instead of PEM): with an empty trust store
-    /// every handshake would fail, far from the mistake.
-    pub(super) fn check_certificates(
-        certificates: &redis::TlsCertificates,
-    ) -> Result<(), LockError> {
-        let count = |pem: &[u8]| {
-            CertificateDer::pem_slice_iter(pem)
-                .filter(Result::is_ok)
-                .count()
-        };
-        if let Some(root) = &certificates.root_cert
-            && count(root) == 0
-        {
-            return Err(LockError::config(
-                "tls_root_certificate was given no PEM certificate \
-                 (expected -----BEGIN CERTIFICATE----- blocks)",
-            ));
-        }
-        if let Some(client) = &certificates.client_tls
-            && count(&client.client_cert) == 0
-        {
-            return Err(LockError::config(
-                "tls_client_certificate was given no PEM certificate \
-                 (expected -----BEGIN CERTIFICATE----- blocks)",
-            ));
-        }
-        Ok(())
     }
 
     /// What to check when a TLS handshake failed, or `None` when `err` is

@@ -14,7 +14,7 @@
 //! tokio-rustls; the session is then taken out of its stream.
 
 use std::io::{self, Read, Write};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use rustls::ClientConnection;
 use rustls::pki_types::pem::PemObject;
@@ -38,36 +38,25 @@ impl TlsConfig {
     /// Trusts the root certificates of `certificates` when it has some, the
     /// system's trust store otherwise, and presents its client certificate
     /// when it has one. rustls' process-wide crypto provider must be
-    /// installed first.
+    /// installed first. The error says what is wrong with the
+    /// certificates.
     pub(crate) fn new(certificates: Option<&redis::TlsCertificates>) -> Result<TlsConfig, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        match certificates.and_then(|c| c.root_cert.as_deref()) {
+        let roots = match certificates.and_then(|c| c.root_cert.as_deref()) {
             Some(pem) => {
-                for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|e| format!("a root certificate is not PEM: {e}"))?;
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in pem_certificates(pem, "tls_root_certificate")? {
                     roots
                         .add(cert)
                         .map_err(|e| format!("a root certificate cannot be trusted: {e}"))?;
                 }
+                Arc::new(roots)
             }
-            None => {
-                let found = rustls_native_certs::load_native_certs();
-                if found.certs.is_empty()
-                    && let Some(err) = found.errors.first()
-                {
-                    return Err(format!("the system's trust store cannot be read: {err}"));
-                }
-                // A certificate the store holds but rustls cannot use is
-                // left out, as the `redis` crate's connection does.
-                roots.add_parsable_certificates(found.certs);
-            }
-        }
+            None => system_roots()?,
+        };
         let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
         let config = match certificates.and_then(|c| c.client_tls.as_ref()) {
             Some(client) => {
-                let chain = CertificateDer::pem_slice_iter(&client.client_cert)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("the client certificate is not PEM: {e}"))?;
+                let chain = pem_certificates(&client.client_cert, "tls_client_certificate")?;
                 let key = PrivateKeyDer::from_pem_slice(&client.client_key)
                     .map_err(|e| format!("the client key is not PEM: {e}"))?;
                 builder
@@ -78,6 +67,44 @@ impl TlsConfig {
         };
         Ok(TlsConfig(Arc::new(config)))
     }
+}
+
+/// The certificates of `pem`, given to the builder's `option`: at least
+/// one. Bytes without any (a file mixed up with another, DER instead of
+/// PEM) are refused here: with an empty trust store every handshake would
+/// fail, far from the mistake.
+fn pem_certificates(pem: &[u8], option: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certificates = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{option} is not PEM: {e}"))?;
+    if certificates.is_empty() {
+        return Err(format!(
+            "{option} was given no PEM certificate \
+             (expected -----BEGIN CERTIFICATE----- blocks)"
+        ));
+    }
+    Ok(certificates)
+}
+
+/// The system's trust store, read once per process: every `rediss://`
+/// server without a root certificate of its own shares it.
+fn system_roots() -> Result<Arc<rustls::RootCertStore>, String> {
+    static ROOTS: OnceLock<Result<Arc<rustls::RootCertStore>, String>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let found = rustls_native_certs::load_native_certs();
+            if found.certs.is_empty()
+                && let Some(err) = found.errors.first()
+            {
+                return Err(format!("the system's trust store cannot be read: {err}"));
+            }
+            // A certificate the store holds but rustls cannot use is left
+            // out, as the `redis` crate's connection does.
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add_parsable_certificates(found.certs);
+            Ok(Arc::new(roots))
+        })
+        .clone()
 }
 
 /// The TLS session of one connection.
