@@ -522,11 +522,7 @@ impl Inner {
                     state.written += n;
                     state.sent_total += n as u64;
                     if state.written == state.unsent.len() {
-                        state.unsent.clear();
-                        state.written = 0;
-                        if state.unsent.capacity() > KEEP_AT_MOST {
-                            state.unsent.shrink_to(READ_CHUNK);
-                        }
+                        state.all_written();
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -838,11 +834,7 @@ fn flush_tls(tls: &tls::Session, stream: &TcpStream, state: &mut State) -> io::R
     let handed = fresh.len() as u64;
     let left = tls.write(stream, fresh)?;
     state.in_tls += handed;
-    state.unsent.clear();
-    state.written = 0;
-    if state.unsent.capacity() > KEEP_AT_MOST {
-        state.unsent.shrink_to(READ_CHUNK);
-    }
+    state.all_written();
     if !left {
         state.sent_total += std::mem::take(&mut state.in_tls);
     }
@@ -885,6 +877,16 @@ enum Waiter {
 }
 
 impl State {
+    /// Everything unsent has left `unsent` (to the socket, or to the TLS
+    /// session); a buffer grown past [`KEEP_AT_MOST`] is given back.
+    fn all_written(&mut self) {
+        self.unsent.clear();
+        self.written = 0;
+        if self.unsent.capacity() > KEEP_AT_MOST {
+            self.unsent.shrink_to(READ_CHUNK);
+        }
+    }
+
     fn error(&self) -> Option<RedisError> {
         self.broken
             .as_ref()
@@ -1105,6 +1107,19 @@ mod tests {
         use lock_testkit::RedisServer;
         use std::time::Duration;
 
+        /// The test `$name`: `$on` (a server and a connection to it) run
+        /// over each transport in turn, as [`each_transport`] gives them.
+        macro_rules! over_each_transport {
+            ($(#[$attr:meta])* fn $name:ident => $on:ident) => {
+                $(#[$attr])*
+                async fn $name() {
+                    for (server, wire) in each_transport().await {
+                        $on(server, wire).await;
+                    }
+                }
+            };
+        }
+
         /// A fresh server and a connection to it over each transport the
         /// connection runs on: plain TCP, and TLS when built with it. The
         /// transport shows in the test's output should an assertion fail.
@@ -1159,14 +1174,13 @@ mod tests {
             query(wire, redis::cmd("ECHO").arg(text)).await
         }
 
-        /// Many tasks share the socket, with replies of every size mixed
-        /// in (some longer than a read): each gets the reply to its own
-        /// command.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn concurrent_callers_each_get_their_own_reply() {
-            for (server, wire) in each_transport().await {
-                concurrent_callers_each_get_their_own_reply_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// Many tasks share the socket, with replies of every size mixed
+            /// in (some longer than a read): each gets the reply to its own
+            /// command.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn concurrent_callers_each_get_their_own_reply =>
+                concurrent_callers_each_get_their_own_reply_on
         }
 
         async fn concurrent_callers_each_get_their_own_reply_on(_server: RedisServer, wire: Wire) {
@@ -1211,15 +1225,14 @@ mod tests {
             panic!("every ECHO call was answered within its first poll");
         }
 
-        /// A caller's future that took the read turn and is then kept but
-        /// never polled again holds nobody up: the next callers take the
-        /// turn over within a stall, and the kept one still gets its own
-        /// reply when it is polled again.
-        #[tokio::test]
-        async fn a_kept_reader_does_not_hold_up_the_others() {
-            for (server, wire) in each_transport().await {
-                a_kept_reader_does_not_hold_up_the_others_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// A caller's future that took the read turn and is then kept but
+            /// never polled again holds nobody up: the next callers take the
+            /// turn over within a stall, and the kept one still gets its own
+            /// reply when it is polled again.
+            #[tokio::test]
+            fn a_kept_reader_does_not_hold_up_the_others =>
+                a_kept_reader_does_not_hold_up_the_others_on
         }
 
         async fn a_kept_reader_does_not_hold_up_the_others_on(_server: RedisServer, wire: Wire) {
@@ -1240,13 +1253,12 @@ mod tests {
             assert_eq!(kept.await.unwrap(), "kept");
         }
 
-        /// A task whose worker thread blocks right after its call took the
-        /// read turn holds up no task of the other worker.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_reader_on_a_blocked_thread_does_not_hold_up_the_others() {
-            for (server, wire) in each_transport().await {
-                a_reader_on_a_blocked_thread_does_not_hold_up_the_others_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// A task whose worker thread blocks right after its call took the
+            /// read turn holds up no task of the other worker.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn a_reader_on_a_blocked_thread_does_not_hold_up_the_others =>
+                a_reader_on_a_blocked_thread_does_not_hold_up_the_others_on
         }
 
         async fn a_reader_on_a_blocked_thread_does_not_hold_up_the_others_on(
@@ -1282,14 +1294,13 @@ mod tests {
             assert_eq!(blocker.await.unwrap().unwrap(), "blocked");
         }
 
-        /// Callers that give up while the server is frozen (the reader
-        /// among them) leave no stray reply behind: once it answers again,
-        /// the next callers get their own replies.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn callers_that_give_up_do_not_shift_the_replies() {
-            for (server, wire) in each_transport().await {
-                callers_that_give_up_do_not_shift_the_replies_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// Callers that give up while the server is frozen (the reader
+            /// among them) leave no stray reply behind: once it answers again,
+            /// the next callers get their own replies.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn callers_that_give_up_do_not_shift_the_replies =>
+                callers_that_give_up_do_not_shift_the_replies_on
         }
 
         async fn callers_that_give_up_do_not_shift_the_replies_on(server: RedisServer, wire: Wire) {
@@ -1314,14 +1325,13 @@ mod tests {
             }
         }
 
-        /// A command longer than the socket's buffers goes out whole (in
-        /// several writes), and others' commands queued behind it still
-        /// follow it in order.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_command_larger_than_the_socket_buffer_goes_out_whole() {
-            for (server, wire) in each_transport().await {
-                a_command_larger_than_the_socket_buffer_goes_out_whole_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// A command longer than the socket's buffers goes out whole (in
+            /// several writes), and others' commands queued behind it still
+            /// follow it in order.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn a_command_larger_than_the_socket_buffer_goes_out_whole =>
+                a_command_larger_than_the_socket_buffer_goes_out_whole_on
         }
 
         async fn a_command_larger_than_the_socket_buffer_goes_out_whole_on(
@@ -1387,14 +1397,13 @@ mod tests {
             }
         }
 
-        /// A caller dropped while it yields before writing the commands
-        /// queued behind another in flight (its timeout fired) still has
-        /// them written, rather than left for the connection's next call.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_caller_dropped_before_writing_still_writes() {
-            for (server, wire) in each_transport().await {
-                a_caller_dropped_before_writing_still_writes_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// A caller dropped while it yields before writing the commands
+            /// queued behind another in flight (its timeout fired) still has
+            /// them written, rather than left for the connection's next call.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn a_caller_dropped_before_writing_still_writes =>
+                a_caller_dropped_before_writing_still_writes_on
         }
 
         async fn a_caller_dropped_before_writing_still_writes_on(server: RedisServer, wire: Wire) {
@@ -1421,14 +1430,13 @@ mod tests {
             .await;
         }
 
-        /// Commands sent without waiting for their replies, by many tasks
-        /// on a busy connection, have each left the process when their
-        /// call returns.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn unheard_commands_are_written_when_their_calls_return() {
-            for (server, wire) in each_transport().await {
-                unheard_commands_are_written_when_their_calls_return_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// Commands sent without waiting for their replies, by many tasks
+            /// on a busy connection, have each left the process when their
+            /// call returns.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn unheard_commands_are_written_when_their_calls_return =>
+                unheard_commands_are_written_when_their_calls_return_on
         }
 
         async fn unheard_commands_are_written_when_their_calls_return_on(
@@ -1466,15 +1474,13 @@ mod tests {
             .await;
         }
 
-        /// Unheard commands whose calls are dropped at their first wait
-        /// (the one that would write for both, and the one that would have
-        /// waited for it) still go out.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn unheard_commands_dropped_while_waiting_their_turn_still_go_out() {
-            for (server, wire) in each_transport().await {
-                unheard_commands_dropped_while_waiting_their_turn_still_go_out_on(server, wire)
-                    .await;
-            }
+        over_each_transport! {
+            /// Unheard commands whose calls are dropped at their first wait
+            /// (the one that would write for both, and the one that would have
+            /// waited for it) still go out.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn unheard_commands_dropped_while_waiting_their_turn_still_go_out =>
+                unheard_commands_dropped_while_waiting_their_turn_still_go_out_on
         }
 
         async fn unheard_commands_dropped_while_waiting_their_turn_still_go_out_on(
@@ -1508,14 +1514,13 @@ mod tests {
             .await;
         }
 
-        /// The server closing the connection fails the calls waiting on it
-        /// and every later one, as a dropped connection (which the node
-        /// replaces).
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_closed_connection_fails_waiting_and_later_calls() {
-            for (server, wire) in each_transport().await {
-                a_closed_connection_fails_waiting_and_later_calls_on(server, wire).await;
-            }
+        over_each_transport! {
+            /// The server closing the connection fails the calls waiting on it
+            /// and every later one, as a dropped connection (which the node
+            /// replaces).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn a_closed_connection_fails_waiting_and_later_calls =>
+                a_closed_connection_fails_waiting_and_later_calls_on
         }
 
         async fn a_closed_connection_fails_waiting_and_later_calls_on(
