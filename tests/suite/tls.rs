@@ -272,3 +272,40 @@ async fn tls_settings_are_checked_before_connecting() {
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(err.to_string().contains("no PEM certificate"), "{err}");
 }
+
+/// A TLS server that stops answering: a call on the open connection ends
+/// `Unavailable` within its operation timeout, and a client built while
+/// the server is frozen (its TLS handshake never answered) fails within
+/// its connect timeout instead of hanging.
+#[tokio::test]
+async fn calls_and_handshakes_are_bounded_when_the_server_freezes() {
+    let certs = TestCertificates::generate();
+    let Some(server) = tls_server(&certs) else {
+        return;
+    };
+    let client = tls_client(&server, &certs).await;
+    drop(client.lock("frozen", Duration::from_secs(5)).await.unwrap());
+    let paused = server.pause();
+
+    let started = Instant::now();
+    let options = LockOptions::new(Duration::from_secs(5)).wait(Duration::ZERO);
+    let err = timeout(BOUND, client.lock_with("frozen", options))
+        .await
+        .expect("a call on a frozen server must end within its operation timeout")
+        .expect_err("a frozen server grants nothing");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // The operation timeout is 1 s; the margin covers a loaded machine.
+    assert!(took < Duration::from_secs(4), "the call took {took:?}");
+
+    let started = Instant::now();
+    let builder = LockClient::builder()
+        .url(server.tls_url())
+        .tls_root_certificate(certs.ca_pem())
+        .connect_timeout(Duration::from_secs(1));
+    let err = build_error(builder).await;
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(took < Duration::from_secs(4), "the build took {took:?}");
+    drop(paused);
+}
