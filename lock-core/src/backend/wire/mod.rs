@@ -40,7 +40,7 @@ use std::io;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::Poll;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -147,6 +147,9 @@ struct Inner {
 struct State {
     /// Where each awaited reply goes, in the order the commands went out.
     waiting: VecDeque<Waiter>,
+    /// How many of `waiting` are callers waiting for their reply (not
+    /// commands sent unheard).
+    callers_waiting: usize,
     /// Commands not fully written yet, from `written` on: the socket's
     /// buffer was full, or nothing has tried since they were added.
     unsent: Vec<u8>,
@@ -166,6 +169,12 @@ struct State {
     broken: Option<(io::ErrorKind, String)>,
     /// The caller whose turn it is to read for everyone, if any.
     turn: Option<u64>,
+    /// The task of that caller while it waits for its socket: woken when
+    /// the turn is taken over, so it goes back to waiting for its reply.
+    /// The reader never registers on its own reply's channel, or handing
+    /// itself its reply would wake its own task (a needless poll, and on a
+    /// multi-thread runtime a parked worker woken, every round trip).
+    reader: Option<Waker>,
 }
 
 /// A command queued without a waiter for its reply, and what was queued
@@ -173,7 +182,7 @@ struct State {
 struct Queued {
     /// Nothing was unsent before it.
     idle: bool,
-    /// No reply was awaited before it.
+    /// No caller waited for a reply before it.
     alone: bool,
     /// Where it ends in the connection's bytes.
     end: u64,
@@ -273,7 +282,7 @@ impl Wire {
                     .arg("LOAD")
                     .arg(lua.code)
                     .write_packed_command(&mut state.unsent);
-                state.waiting.push_back(Waiter::Unheard(drop));
+                state.expect(Waiter::Unheard(drop));
             }
         }
         self.mark_scripts_loaded();
@@ -288,11 +297,14 @@ impl Wire {
     /// Queues the commands `write` encodes, which answer with `replies`
     /// replies, and gives `each` the receiver of every reply, in order.
     ///
-    /// With no other command in flight they are written at once. Otherwise
-    /// they wait a moment in `unsent` so the commands of the tasks that run
-    /// next go out in the same write (fewer system calls on both sides),
-    /// up to [`FLUSH_AT`] bytes: `Ok(true)` tells the call that found
-    /// `unsent` empty to [`flush`](Self::flush).
+    /// With nothing unsent and no caller waiting for a reply they are
+    /// written at once. Otherwise they wait a moment in `unsent` so the
+    /// commands of the tasks that run next go out in the same write (fewer
+    /// system calls on both sides), up to [`FLUSH_AT`] bytes: `Ok(true)`
+    /// tells the call that found `unsent` empty to [`flush`](Self::flush).
+    /// Commands sent unheard do not count: the task that sent one (a
+    /// release) has usually moved on to its next command, and waiting for
+    /// others would cost that lone task a turn of the scheduler.
     fn send(
         &self,
         write: impl FnOnce(&mut Vec<u8>),
@@ -306,11 +318,11 @@ impl Wire {
         // Commands of others not written yet go first: their flusher or
         // whoever reads writes them.
         let idle = state.unsent.is_empty();
-        let alone = state.waiting.is_empty();
+        let alone = state.callers_waiting == 0;
         write(&mut state.unsent);
         for _ in 0..replies {
             let (tx, rx) = oneshot::channel();
-            state.waiting.push_back(Waiter::Caller(tx));
+            state.expect(Waiter::Caller(tx));
             each(rx);
         }
         if (!idle || !alone) && state.unsent.len() - state.written < FLUSH_AT {
@@ -367,8 +379,8 @@ impl Wire {
     /// it. `hear` gets the reply once some later call reads it, or the
     /// connection's failure.
     ///
-    /// With other commands in flight it goes out as [`send`](Self::send)'s
-    /// do: the call that found nothing unsent writes after one turn of the
+    /// With other calls waiting for replies it goes out as
+    /// [`send`](Self::send)'s do: the call that found nothing unsent writes after one turn of the
     /// scheduler, for every task that queued meanwhile. Any other call
     /// waits that turn too and writes only if its command is still unsent
     /// then. Each writing what it found would send many small writes, each
@@ -417,9 +429,9 @@ impl Wire {
             return Err(err);
         }
         let idle = state.unsent.is_empty();
-        let alone = state.waiting.is_empty();
+        let alone = state.callers_waiting == 0;
         cmd.write_packed_command(&mut state.unsent);
-        state.waiting.push_back(Waiter::Unheard(hear));
+        state.expect(Waiter::Unheard(hear));
         let unsent = state.unsent.len() - state.written;
         Ok(Queued {
             idle,
@@ -590,6 +602,7 @@ impl Inner {
             state.unsent.clear();
             state.written = 0;
             state.in_tls = 0;
+            state.callers_waiting = 0;
             (std::mem::take(&mut state.waiting), state.error())
         };
         // Their receivers now see the channel closed, and ask `error`; a
@@ -641,10 +654,16 @@ impl Inner {
                     // this waiter started watching it a stall ago.
                     None => {
                         state.turn = Some(me);
+                        state.reader = None;
                         return None;
                     }
                     Some(seen) if watched == Some(seen) && stall_over(stall.as_mut()) => {
                         state.turn = Some(me);
+                        let taken_from = state.reader.take();
+                        drop(state);
+                        if let Some(task) = taken_from {
+                            task.wake();
+                        }
                         return None;
                     }
                     Some(seen) if watched != Some(seen) => {
@@ -679,6 +698,7 @@ impl Inner {
         let mut state = self.state();
         if state.turn == Some(me) {
             state.turn = None;
+            state.reader = None;
             drop(state);
             self.turn_free.notify_one();
         }
@@ -715,20 +735,27 @@ impl Inner {
             } else {
                 Interest::READABLE
             };
-            // A reader that took the turn over may read this caller's reply
-            // meanwhile: it is heard here too.
+            // A reader that takes the turn over wakes this task, which then
+            // waits for its reply like any other caller.
             let mut ready = pin!(self.stream.ready(interest));
             let woke = std::future::poll_fn(|cx| {
-                if let Poll::Ready(reply) = Pin::new(&mut *rx).poll(cx) {
-                    return Poll::Ready(Err(reply.unwrap_or_else(|_| Err(self.error()))));
+                {
+                    let mut state = self.state();
+                    if state.turn != Some(me) {
+                        return Poll::Ready(None);
+                    }
+                    match &mut state.reader {
+                        Some(task) if task.will_wake(cx.waker()) => {}
+                        task => *task = Some(cx.waker().clone()),
+                    }
                 }
-                ready.as_mut().poll(cx).map(Ok)
+                ready.as_mut().poll(cx).map(Some)
             })
             .await;
             let ready = match woke {
-                Ok(Ok(ready)) => ready,
-                Ok(Err(err)) => return Some(Err(self.fail(err))),
-                Err(reply) => return Some(reply),
+                Some(Ok(ready)) => ready,
+                Some(Err(err)) => return Some(Err(self.fail(err))),
+                None => return None,
             };
             if ready.is_readable()
                 && self.state().turn == Some(me)
@@ -804,7 +831,7 @@ impl Inner {
                     // reports its error.
                     return Err(io::ErrorKind::ConnectionAborted.into());
                 }
-                state.waiting.pop_front()
+                state.next_waiter()
             };
             let Some(waiter) = waiter else {
                 return Err(protocol("a reply that no command asked for"));
@@ -877,6 +904,23 @@ enum Waiter {
 }
 
 impl State {
+    /// Queues where the reply of the command just queued goes.
+    fn expect(&mut self, waiter: Waiter) {
+        if matches!(waiter, Waiter::Caller(_)) {
+            self.callers_waiting += 1;
+        }
+        self.waiting.push_back(waiter);
+    }
+
+    /// Where the next reply goes.
+    fn next_waiter(&mut self) -> Option<Waiter> {
+        let waiter = self.waiting.pop_front();
+        if matches!(waiter, Some(Waiter::Caller(_))) {
+            self.callers_waiting -= 1;
+        }
+        waiter
+    }
+
     /// Everything unsent has left `unsent` (to the socket, or to the TLS
     /// session); a buffer grown past [`KEEP_AT_MOST`] is given back.
     fn all_written(&mut self) {
@@ -1472,6 +1516,74 @@ mod tests {
                 })
             })
             .await;
+        }
+
+        over_each_transport! {
+            /// A task alone on the connection is polled once per reply it
+            /// waits for, and once to start: handing itself its own reply
+            /// does not wake it again. Each needless wake-up costs a poll,
+            /// and on a multi-thread runtime a parked worker woken, per
+            /// round trip.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn a_lone_caller_is_polled_once_per_reply =>
+                a_lone_caller_is_polled_once_per_reply_on
+        }
+
+        async fn a_lone_caller_is_polled_once_per_reply_on(_server: RedisServer, wire: Wire) {
+            const CALLS: usize = 200;
+            let polls = tokio::spawn(async move {
+                let mut calls = pin!(async {
+                    for i in 0..CALLS {
+                        let text = format!("call {i}");
+                        assert_eq!(echo(&wire, &text).await.unwrap(), text);
+                    }
+                });
+                let mut polls = 0;
+                std::future::poll_fn(|cx| {
+                    polls += 1;
+                    calls.as_mut().poll(cx)
+                })
+                .await;
+                polls
+            })
+            .await
+            .unwrap();
+            // A reply that arrives in two reads may cost one poll more.
+            assert!(
+                polls <= CALLS + CALLS / 10 + 1,
+                "{polls} polls for {CALLS} calls"
+            );
+        }
+
+        over_each_transport! {
+            /// A command sent unheard (a release) and not answered yet does
+            /// not hold back the next command of a caller that is otherwise
+            /// alone: it is written at once, not after a turn of the
+            /// scheduler spent waiting for other callers' commands.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            fn a_call_behind_an_unheard_command_alone_is_written_at_once =>
+                a_call_behind_an_unheard_command_alone_is_written_at_once_on
+        }
+
+        async fn a_call_behind_an_unheard_command_alone_is_written_at_once_on(
+            _server: RedisServer,
+            wire: Wire,
+        ) {
+            let set = redis::cmd("SET").arg("k").arg("v").clone();
+            wire.send_unheard(&set, drop).await.unwrap();
+            let get = redis::cmd("GET").arg("k").clone();
+            let mut receivers = Vec::new();
+            let flush = wire
+                .send(
+                    |buf| get.write_packed_command(buf),
+                    1,
+                    |rx| receivers.push(rx),
+                )
+                .unwrap();
+            assert!(!flush, "left for a flush after a turn of the scheduler");
+            assert!(wire.inner.state().unsent.is_empty(), "not written");
+            let reply = wire.receive(receivers.pop().unwrap()).await.unwrap();
+            assert_eq!(reply, Value::BulkString(b"v".to_vec()));
         }
 
         over_each_transport! {
