@@ -400,3 +400,72 @@ async fn a_key_starting_with_a_closing_brace_is_refused() {
         assert!(client.storage_key("a}x").is_ok(), "a brace later is fine");
     }
 }
+
+/// A client first used on a current-thread runtime whose only thread then
+/// blocks (a synchronous call): lock-core's own connection (plain TCP and
+/// TLS) was opened there, and the socket's readiness is told by that
+/// runtime, so the other runtimes' calls on it wait. The documented bound:
+/// the first call from another runtime ends within its operation timeout
+/// (answered, or `Unavailable`), the connection is then opened again where
+/// it is called, and the calls after it are answered within milliseconds.
+/// On every transport and deployment.
+#[test]
+fn a_blocked_runtime_that_opened_the_connection_costs_one_operation_timeout() {
+    for backend in Backend::every_transport() {
+        let on = backend.name();
+        let builder = backend.point(settings());
+        let (built, client) = std::sync::mpsc::channel();
+        let (unblock, unblocked) = std::sync::mpsc::channel::<()>();
+        let first = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async move {
+                    let client = builder.build().await.unwrap();
+                    let guard = client.lock("first", SHORT).await.unwrap();
+                    assert!(guard.release().await.unwrap());
+                    built.send(client).unwrap();
+                    // The runtime's only thread blocks until told otherwise.
+                    let _ = unblocked.recv_timeout(Duration::from_secs(20));
+                })
+        });
+        let client: LockClient = client.recv().unwrap();
+        let bound = client.operation_timeout() + Duration::from_millis(500);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let asked = Instant::now();
+                let outcome = client.try_lock("other:first", SHORT).await;
+                let took = asked.elapsed();
+                eprintln!(
+                    "{on}: the first call ended after {took:?}: {:?}",
+                    outcome.as_ref().map(|g| g.is_some()).map_err(|e| e.kind())
+                );
+                assert!(took < bound, "{on}: the first call took {took:?}");
+                match outcome {
+                    Ok(guard) => assert!(guard.expect("free").release().await.unwrap()),
+                    Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{on}: {e}"),
+                }
+                for i in 0..5 {
+                    let asked = Instant::now();
+                    let guard = client
+                        .try_lock(&format!("other:{i}"), SHORT)
+                        .await
+                        .unwrap_or_else(|e| panic!("{on}, call {i}: {e}"))
+                        .expect("free");
+                    assert!(guard.release().await.unwrap());
+                    let took = asked.elapsed();
+                    assert!(
+                        took < Duration::from_millis(200),
+                        "{on}, call {i} after the first: a lock and release took {took:?}"
+                    );
+                }
+            });
+        unblock.send(()).unwrap();
+        first.join().unwrap();
+    }
+}
