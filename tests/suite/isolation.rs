@@ -403,14 +403,13 @@ async fn a_key_starting_with_a_closing_brace_is_refused() {
 
 /// A client first used on a current-thread runtime whose only thread then
 /// blocks (a synchronous call): lock-core's own connection (plain TCP and
-/// TLS) was opened there, and the socket's readiness is told by that
-/// runtime, so the other runtimes' calls on it wait. The documented bound:
-/// the first call from another runtime ends within its operation timeout
-/// (answered, or `Unavailable`), the connection is then opened again where
-/// it is called, and the calls after it are answered within milliseconds.
-/// On every transport and deployment.
+/// TLS) was opened there, and that runtime tells its socket's readiness.
+/// Calls of the same client from another runtime are still answered within
+/// milliseconds: a reader told nothing for a stall reads the socket itself,
+/// and the next calls open a connection where they run. On every transport
+/// and deployment.
 #[test]
-fn a_blocked_runtime_that_opened_the_connection_costs_one_operation_timeout() {
+fn a_blocked_runtime_that_opened_the_connection_holds_up_no_other() {
     for backend in Backend::every_transport() {
         let on = backend.name();
         let builder = backend.point(settings());
@@ -431,25 +430,13 @@ fn a_blocked_runtime_that_opened_the_connection_costs_one_operation_timeout() {
                 })
         });
         let client: LockClient = client.recv().unwrap();
-        let bound = client.operation_timeout() + Duration::from_millis(500);
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap()
             .block_on(async {
-                let asked = Instant::now();
-                let outcome = client.try_lock("other:first", SHORT).await;
-                let took = asked.elapsed();
-                eprintln!(
-                    "{on}: the first call ended after {took:?}: {:?}",
-                    outcome.as_ref().map(|g| g.is_some()).map_err(|e| e.kind())
-                );
-                assert!(took < bound, "{on}: the first call took {took:?}");
-                match outcome {
-                    Ok(guard) => assert!(guard.expect("free").release().await.unwrap()),
-                    Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{on}: {e}"),
-                }
+                let mut took = Vec::new();
                 for i in 0..5 {
                     let asked = Instant::now();
                     let guard = client
@@ -458,10 +445,14 @@ fn a_blocked_runtime_that_opened_the_connection_costs_one_operation_timeout() {
                         .unwrap_or_else(|e| panic!("{on}, call {i}: {e}"))
                         .expect("free");
                     assert!(guard.release().await.unwrap());
-                    let took = asked.elapsed();
+                    took.push(asked.elapsed());
+                }
+                eprintln!("{on}: lock and release from another runtime took {took:?}");
+                for (i, took) in took.into_iter().enumerate() {
                     assert!(
                         took < Duration::from_millis(200),
-                        "{on}, call {i} after the first: a lock and release took {took:?}"
+                        "{on}, call {i}: a lock and release took {took:?} while the runtime \
+                         that opened the connection was blocked"
                     );
                 }
             });

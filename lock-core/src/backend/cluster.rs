@@ -1,7 +1,7 @@
 //! A Redis Cluster: one cluster connection that sends each command to the
 //! primary of its key's hash slot, with a bound on every call.
 
-use super::connection::{self, Failure, Opens, SharedConnection};
+use super::connection::{self, Failure, Opens, SharedConnection, TakesCalls};
 use super::node::redact;
 use super::{LockCommands, Server};
 use super::{LockKeys, MinReplicas, Several};
@@ -32,6 +32,10 @@ pub(crate) struct ClusterNode {
     pub(crate) min_replicas: Option<MinReplicas>,
     connection: SharedConnection<ClusterConnection>,
 }
+
+/// The `redis` crate's cluster connection is driven on lock-core's own
+/// runtime, so it takes calls as long as it is open.
+impl TakesCalls for ClusterConnection {}
 
 impl ClusterNode {
     /// A cluster reached first through `urls` (`redis://[user:password@]host:port`,

@@ -85,6 +85,16 @@ impl Drop for RuntimeWatch {
     }
 }
 
+/// A connection that may stop taking new calls while it still answers the
+/// ones in flight (lock-core's own, once the runtime that opened it stops
+/// telling its socket's readiness): a call that finds it so opens another.
+pub(crate) trait TakesCalls {
+    /// Whether a new call may use this connection.
+    fn takes_calls(&self) -> bool {
+        true
+    }
+}
+
 /// What a failed call means for the connection.
 pub(crate) enum Failure {
     /// The connection is broken (or talks to the wrong server): replace it,
@@ -153,14 +163,14 @@ impl<C> State<C> {
     }
 }
 
-impl<C: Clone> State<C> {
+impl<C: Clone + TakesCalls> State<C> {
     /// The connection (a clone, for one call) and its generation, unless
-    /// there is none or its runtime has shut down.
+    /// there is none, its runtime has shut down, or it takes no new calls.
     fn cached(&self) -> Option<(C, u64)> {
         let guard = self.current.load();
         guard
             .as_ref()
-            .filter(|live| live.driver_alive.load(Ordering::Acquire))
+            .filter(|live| live.driver_alive.load(Ordering::Acquire) && live.conn.takes_calls())
             .map(|live| (live.conn.clone(), live.generation))
     }
 }
@@ -208,7 +218,7 @@ where
     reporter.report(outcome);
 }
 
-impl<C: Clone + Send + Sync + 'static> SharedConnection<C> {
+impl<C: Clone + Send + Sync + TakesCalls + 'static> SharedConnection<C> {
     /// A connection of its own to the same place, with the same settings:
     /// nothing is shared with `self`, the connection included (opened on
     /// its first call, where [`Opens`] says).
@@ -435,6 +445,8 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     const ADDR: &str = "test:1";
+
+    impl TakesCalls for u32 {}
 
     /// A connection is a number here; `opens` counts the attempts.
     struct Fixture {

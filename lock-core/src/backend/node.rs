@@ -2,7 +2,7 @@
 //! bound on every call.
 
 use super::Server;
-use super::connection::{self, Failure, Opens, SharedConnection};
+use super::connection::{self, Failure, Opens, SharedConnection, TakesCalls};
 use super::wire::{TlsConfig, Wire};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
@@ -42,6 +42,15 @@ pub(crate) enum Conn {
     Wire(Wire),
     /// The `redis` crate's, for Unix sockets, RESP3 and Sentinel.
     Multiplexed(MultiplexedConnection),
+}
+
+impl TakesCalls for Conn {
+    fn takes_calls(&self) -> bool {
+        match self {
+            Conn::Wire(wire) => wire.takes_calls(),
+            Conn::Multiplexed(_) => true,
+        }
+    }
 }
 
 impl ConnectionLike for Conn {

@@ -28,6 +28,13 @@
 //! bytes are read and dispatched under a lock held only for those
 //! non-blocking steps, so two readers can never interleave a reply.
 //!
+//! Nor does it depend on the runtime that opened the connection, whose
+//! driver tells the socket's readiness to every waiting task. Should that
+//! be a current-thread runtime whose only thread is blocked, a reader told
+//! nothing for [`STALL`] reads the socket itself; once that finds a reply
+//! nobody was told of, readers read it every [`POLL_ALONE`] and no new call
+//! is given the connection, so the next one opens another where it runs.
+//!
 //! It speaks RESP2, logs in (`AUTH`, with an ACL user name when given) and
 //! selects the database. TLS runs over the same steps (see the `tls`
 //! module). Unix sockets, RESP3 and Sentinel go through the `redis` crate's
@@ -79,7 +86,7 @@ mod tls {
             match *self {}
         }
 
-        pub(super) fn read(&self, _: &TcpStream, _: &mut ReadBuf) -> io::Result<usize> {
+        pub(super) fn read(&self, _: &TcpStream, _: &mut ReadBuf, _: bool) -> io::Result<usize> {
             match *self {}
         }
     }
@@ -107,6 +114,10 @@ const FLUSH_AT: usize = 1024;
 /// thread. Taking the turn from a reader that was merely slow to run costs
 /// nothing but the wake-up.
 pub(crate) const STALL: Duration = Duration::from_millis(10);
+
+/// How often a reader reads the socket itself once the runtime that opened
+/// the connection stopped telling its readiness (see [`Inner::unheard_io`]).
+const POLL_ALONE: Duration = Duration::from_millis(1);
 
 /// Buffers grown past this by an unusually long command or reply are given
 /// back once empty.
@@ -141,6 +152,12 @@ struct Inner {
     /// succeeded), cleared when such a command is answered `NOSCRIPT` (a
     /// `SCRIPT FLUSH`).
     scripts_loaded: AtomicBool,
+    /// Set once the socket held a reply that the runtime which opened the
+    /// connection had not told of for [`STALL`]: that runtime is blocked
+    /// (a current-thread runtime whose thread is stuck in a synchronous
+    /// call). From then on readers read the socket themselves every
+    /// [`POLL_ALONE`], and no new call is given this connection.
+    unheard_io: AtomicBool,
 }
 
 #[derive(Default)]
@@ -199,6 +216,13 @@ struct ReadBuf {
 }
 
 impl Wire {
+    /// Whether new calls may use this connection: not once the runtime that
+    /// opened it stopped telling its socket's readiness (a call that finds
+    /// it so opens another where it runs).
+    pub(crate) fn takes_calls(&self) -> bool {
+        !self.inner.unheard_io.load(Ordering::Relaxed)
+    }
+
     /// Connects to `host:port` (over TLS with `tls`), logs in with the
     /// credentials of `settings` and selects its database.
     ///
@@ -235,6 +259,7 @@ impl Wire {
                 turn_free: Notify::new(),
                 reads: AtomicU64::new(0),
                 callers: AtomicU64::new(0),
+                unheard_io: AtomicBool::new(false),
             }),
         };
         if let Some(password) = settings.password() {
@@ -736,31 +761,54 @@ impl Inner {
                 Interest::READABLE
             };
             // A reader that takes the turn over wakes this task, which then
-            // waits for its reply like any other caller.
+            // waits for its reply like any other caller. Should the socket's
+            // runtime say nothing for a stall, the socket is read directly.
+            let alone = self.unheard_io.load(Ordering::Relaxed);
             let mut ready = pin!(self.stream.ready(interest));
+            let mut stall = pin!(None::<Sleep>);
             let woke = std::future::poll_fn(|cx| {
                 {
                     let mut state = self.state();
                     if state.turn != Some(me) {
-                        return Poll::Ready(None);
+                        return Poll::Ready(Woke::TakenOver);
                     }
                     match &mut state.reader {
                         Some(task) if task.will_wake(cx.waker()) => {}
                         task => *task = Some(cx.waker().clone()),
                     }
                 }
-                ready.as_mut().poll(cx).map(Some)
+                if !alone && let Poll::Ready(ready) = ready.as_mut().poll(cx) {
+                    return Poll::Ready(Woke::Ready(ready));
+                }
+                if stall.is_none() {
+                    let after = if alone { POLL_ALONE } else { STALL };
+                    stall.set(Some(tokio::time::sleep(after)));
+                }
+                match stall.as_mut().as_pin_mut().map(|sleep| sleep.poll(cx)) {
+                    Some(Poll::Ready(())) => Poll::Ready(Woke::Stalled),
+                    _ => Poll::Pending,
+                }
             })
             .await;
-            let ready = match woke {
-                Some(Ok(ready)) => ready,
-                Some(Err(err)) => return Some(Err(self.fail(err))),
-                None => return None,
+            let read = match woke {
+                Woke::TakenOver => return None,
+                Woke::Ready(Err(err)) => return Some(Err(self.fail(err))),
+                // Taken over meanwhile: the new reader reads.
+                _ if self.state().turn != Some(me) => continue,
+                Woke::Ready(Ok(ready)) if ready.is_readable() => {
+                    self.read(&mut self.read_buf(), false)
+                }
+                Woke::Ready(Ok(_)) => Ok(0),
+                Woke::Stalled => {
+                    let got = self.read(&mut self.read_buf(), true);
+                    if matches!(got, Ok(n) if n > 0) && !alone {
+                        // Bytes were there, and nobody was told.
+                        self.unheard_io.store(true, Ordering::Relaxed);
+                    }
+                    got
+                }
             };
-            if ready.is_readable()
-                && self.state().turn == Some(me)
-                && let Err(err) = self.read(&mut self.read_buf())
-            {
+            if let Err(err) = read {
                 return Some(Err(self.fail(err)));
             }
         }
@@ -774,25 +822,28 @@ impl Inner {
     /// its read find nothing: a system call per round trip. The read runs
     /// inside `try_io` for that: readiness is cleared only as of when the
     /// read began, so data that arrives meanwhile still wakes the next wait.
-    fn read(&self, reader: &mut ReadBuf) -> io::Result<()> {
+    /// With `direct`, the socket is read whatever tokio knows of its
+    /// readiness (the runtime that tells it may be blocked). How many bytes
+    /// came in.
+    fn read(&self, reader: &mut ReadBuf, direct: bool) -> io::Result<usize> {
         let got = match &self.tls {
-            Some(tls) => tls.read(&self.stream, reader)?,
-            None => self.read_plain(reader)?,
+            Some(tls) => tls.read(&self.stream, reader, direct)?,
+            None => self.read_plain(reader, direct)?,
         };
         if got > 0 {
             self.reads.fetch_add(1, Ordering::Release);
         }
-        Ok(())
+        Ok(got)
     }
 
     /// [`read`](Self::read) from a plain socket: how many bytes.
-    fn read_plain(&self, reader: &mut ReadBuf) -> io::Result<usize> {
+    fn read_plain(&self, reader: &mut ReadBuf, direct: bool) -> io::Result<usize> {
         reader.compact();
         let room = reader.buf.len() - reader.end;
         let dst = &mut reader.buf[reader.end..];
         let socket = socket2::SockRef::from(&self.stream);
         let mut got = 0;
-        let outcome = self.stream.try_io(Interest::READABLE, || {
+        let outcome = read_io(&self.stream, direct, || {
             got = io::Read::read(&mut &*socket, &mut *dst)?;
             if got > 0 && got < room {
                 // Handled below as data; tells tokio the socket is drained.
@@ -901,6 +952,31 @@ enum Waiter {
     /// ([`Wire::send_unheard`]): it hears the reply when whoever reads next
     /// reads it, or the connection's failure.
     Unheard(fn(Reply)),
+}
+
+/// What ended a reader's wait for its socket.
+enum Woke {
+    /// The socket's runtime told its readiness (or its failure).
+    Ready(io::Result<tokio::io::Ready>),
+    /// Nothing was told within [`STALL`] (or [`POLL_ALONE`]).
+    Stalled,
+    /// Another caller took the read turn over.
+    TakenOver,
+}
+
+/// Runs the read `io` inside tokio's `try_io`, which runs it only when the
+/// socket was told readable and clears that on `WouldBlock`; or, `direct`,
+/// runs it as it is.
+pub(super) fn read_io<R>(
+    stream: &TcpStream,
+    direct: bool,
+    io: impl FnOnce() -> io::Result<R>,
+) -> io::Result<R> {
+    if direct {
+        io()
+    } else {
+        stream.try_io(Interest::READABLE, io)
+    }
 }
 
 impl State {

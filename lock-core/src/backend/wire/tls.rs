@@ -162,7 +162,12 @@ impl Session {
     /// Reads the records the socket holds and appends their plaintext to
     /// `reader`: how many bytes. The server closing the connection is an
     /// error once all it sent before is taken.
-    pub(super) fn read(&self, tcp: &TcpStream, reader: &mut ReadBuf) -> io::Result<usize> {
+    pub(super) fn read(
+        &self,
+        tcp: &TcpStream,
+        reader: &mut ReadBuf,
+        direct: bool,
+    ) -> io::Result<usize> {
         let mut conn = self.conn();
         let mut socket = Socket {
             socket: socket2::SockRef::from(tcp),
@@ -174,7 +179,7 @@ impl Session {
         // came back short took all the socket held: `WouldBlock` then
         // clears the read readiness (as of when the read began) without a
         // last read to find the socket empty, as over plain TCP.
-        let outcome = tcp.try_io(Interest::READABLE, || {
+        let outcome = super::read_io(tcp, direct, || {
             while got < READ_AT_MOST {
                 if conn.read_tls(&mut socket)? == 0 {
                     closed = true;
