@@ -1,18 +1,19 @@
 //! One connection shared by every lock of a client (to a server, or to a
 //! cluster), with a bound on every call.
 //!
-//! The connection is replaced when it breaks or a call times out, and also
-//! when the tokio runtime that drives it has shut down. Where it is opened,
-//! and so which runtime drives it, depends on its kind ([`Opens`]):
-//! lock-core's own connection (plain TCP) is opened on the runtime of the
-//! call that needs it, whose task then reads its replies without a hop to
-//! another thread, and whose stalls its read-turn takeover already keeps
-//! from other callers (`wire/`). A client kept in a global outlives the
-//! runtime it was built on (every `#[tokio::test]` has its own), so the
-//! next call notices and connects again on its own runtime. The `redis`
-//! crate's connections (TLS, Unix sockets, RESP3, Sentinel, Cluster) have a
-//! driver task that reads for every caller: they are opened on lock-core's
-//! runtime (`background.rs`), which no caller's stall or shutdown reaches.
+//! The connection is replaced when it breaks or a call times out, when the
+//! tokio runtime that drives it has shut down, and when it takes no new
+//! calls ([`TakesCalls`]). Where it is opened, and so which runtime drives
+//! it, depends on its kind ([`Opens`]): lock-core's own connection (plain
+//! TCP and TLS) is opened on the runtime of the call that needs it, whose
+//! task then reads its replies without a hop to another thread, and whose
+//! stalls its read-turn takeover and its readers' own reads keep from
+//! other callers (`wire/`). A client kept in a global outlives the runtime
+//! it was built on (every `#[tokio::test]` has its own), so the next call
+//! notices and connects again on its own runtime. The `redis` crate's
+//! connections (Unix sockets, RESP3, Sentinel, Cluster) have a driver task
+//! that reads for every caller: they are opened on lock-core's runtime
+//! (`background.rs`), which no caller's stall or shutdown reaches.
 //!
 //! Connecting runs in a task of its own, bounded by the connect timeout,
 //! and every call that finds no connection waits for that one attempt, each

@@ -262,11 +262,12 @@ impl Backend {
     }
 
     /// [`release`](Self::release) without waiting for its reply where the
-    /// connection allows it (lock-core's own, over plain TCP): returns once
-    /// the command is written, so a later command of this process on the
-    /// same connection comes after it. Redlock sends it to every server and
-    /// returns once a majority of them have it written. Elsewhere (Cluster,
-    /// TLS and the like) the reply is awaited, its answer dropped.
+    /// connection allows it (lock-core's own, over plain TCP or TLS): returns
+    /// once the command is written, so a later command of this process on
+    /// the same connection comes after it. Redlock sends it to every server
+    /// and returns once a majority of them have it written. Elsewhere
+    /// (Cluster, and the `redis` crate's connections for Unix sockets, RESP3
+    /// and Sentinel) the reply is awaited, its answer dropped.
     pub(crate) async fn send_release(
         &self,
         key: &str,
