@@ -156,7 +156,9 @@ struct Inner {
     /// connection had not told of for [`STALL`]: that runtime is blocked
     /// (a current-thread runtime whose thread is stuck in a synchronous
     /// call). From then on readers read the socket themselves every
-    /// [`POLL_ALONE`], and no new call is given this connection.
+    /// [`POLL_ALONE`], and no new call is given this connection. Writes
+    /// still go by tokio's readiness: a command that fills the socket's
+    /// send buffer meanwhile waits for that runtime, within its bound.
     unheard_io: AtomicBool,
 }
 
@@ -405,11 +407,12 @@ impl Wire {
     /// connection's failure.
     ///
     /// With other calls waiting for replies it goes out as
-    /// [`send`](Self::send)'s do: the call that found nothing unsent writes after one turn of the
-    /// scheduler, for every task that queued meanwhile. Any other call
-    /// waits that turn too and writes only if its command is still unsent
-    /// then. Each writing what it found would send many small writes, each
-    /// costing a system call here and a read on the server.
+    /// [`send`](Self::send)'s do: the call that found nothing unsent writes
+    /// after one turn of the scheduler, for every task that queued
+    /// meanwhile. Any other call waits that turn too and writes only if its
+    /// command is still unsent then. Each writing what it found would send
+    /// many small writes, each costing a system call here and a read on the
+    /// server.
     pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<()> {
         let Queued {
             idle,
@@ -967,7 +970,7 @@ enum Woke {
 /// Runs the read `io` inside tokio's `try_io`, which runs it only when the
 /// socket was told readable and clears that on `WouldBlock`; or, `direct`,
 /// runs it as it is.
-pub(super) fn read_io<R>(
+fn read_io<R>(
     stream: &TcpStream,
     direct: bool,
     io: impl FnOnce() -> io::Result<R>,
