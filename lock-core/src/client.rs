@@ -14,13 +14,13 @@ use crate::client_state::{ClientInner, Settings};
 use crate::current;
 use crate::error::{ErrorKind, LockError};
 use crate::guard::LockGuard;
+use crate::kept;
 use crate::lease::{Lease, Scope};
 use crate::observe;
 use crate::options::{LockOptions, Mode};
-use crate::waits;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -184,6 +184,16 @@ impl LockClient {
     /// hears a release at once through Redis pub/sub, with its backoff timer
     /// as the fallback.
     ///
+    /// # Dropped or kept
+    ///
+    /// Dropped before it completes, the future leaves nothing behind: a
+    /// lock its `SET` may have taken is released, and the next task of the
+    /// queue moves up. Kept without being polled again, it does the same on
+    /// its own once it has been woken (by its answer, the key's release or
+    /// its backoff timer) and left unpolled for 30-40 ms: it holds no other
+    /// task up and leaves no key held. Polled again after that, it starts
+    /// over within what is left of its wait.
+    ///
     /// # Re-entry
     ///
     /// Inside a `#[distributed_lock]` body, asking for a key that body (or
@@ -228,40 +238,22 @@ impl LockClient {
             waited_ms = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let attempts = AtomicU32::new(0);
-        let started = Instant::now();
-        let label = options.label;
-        // Counted while the acquisition is under way; dropped with it, even
-        // when the caller drops this future while it waits.
-        let _waiting = observe::Waiting::start(label);
-        let keys = [key];
-        let wait = options.wait.unwrap_or(self.inner.default_wait);
-        // Who waits for whom, once the wait lasts (see `waits.rs`). The
-        // acquisition is written inside `select!`, where it is stored once.
-        let watch = waits::watch(&self.inner, &keys, wait);
-        let acquired = async {
-            tokio::select! {
-                biased;
-                acquired = async {
-                    match options.mode {
-                        Mode::Exclusive => self.inner.acquire_one(key, options, &attempts).await,
-                        Mode::Shared | Mode::Permits(_) => {
-                            self.inner.acquire_shared(key, options, &attempts).await
-                        }
-                    }
-                } => acquired,
-                deadlock = watch => Err(deadlock),
-            }
-        };
-        let result = acquired.instrument(span.clone()).await;
-        observe::acquisition(
-            &span,
-            result.as_ref().map(drop),
-            attempts.load(Ordering::Relaxed),
-            started,
-            label,
-        );
-        result
+        let key: Arc<str> = key.into();
+        let inner = self.inner.clone();
+        acquire_watched(
+            key.clone(),
+            (options, inner.default_wait),
+            span,
+            move |options| {
+                let (inner, key) = (inner.clone(), key.clone());
+                async move {
+                    let attempts = AtomicU32::new(0);
+                    let acquired = inner.acquire_key(&key, options, &attempts).await;
+                    (acquired, attempts.into_inner())
+                }
+            },
+        )
+        .await
     }
 
     /// Locks several keys at once, all or nothing, and returns one guard for
@@ -325,28 +317,22 @@ impl LockClient {
             waited_ms = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let attempts = AtomicU32::new(0);
-        let started = Instant::now();
-        let label = options.label;
-        let _waiting = observe::Waiting::start(label);
-        let wait = options.wait.unwrap_or(self.inner.default_wait);
-        let watch = waits::watch(&self.inner, &keys, wait);
-        let acquired = async {
-            tokio::select! {
-                biased;
-                acquired = self.inner.acquire_several(&keys, options, &attempts) => acquired,
-                deadlock = watch => Err(deadlock),
-            }
-        };
-        let result = acquired.instrument(span.clone()).await;
-        observe::acquisition(
-            &span,
-            result.as_ref().map(drop),
-            attempts.load(Ordering::Relaxed),
-            started,
-            label,
-        );
-        result
+        let keys: Arc<[Arc<str>]> = keys.iter().map(|&key| Arc::from(key)).collect();
+        let inner = self.inner.clone();
+        acquire_watched(
+            keys[0].clone(),
+            (options, inner.default_wait),
+            span,
+            move |options| {
+                let (inner, keys) = (inner.clone(), keys.clone());
+                async move {
+                    let attempts = AtomicU32::new(0);
+                    let acquired = inner.acquire_keys(&keys, options, &attempts).await;
+                    (acquired, attempts.into_inner())
+                }
+            },
+        )
+        .await
     }
 
     /// A re-entry of several keys, when one lock an enclosing annotated
@@ -492,6 +478,38 @@ impl LockClient {
     pub async fn ping(&self) -> Result<(), LockError> {
         self.inner.backend.ping(self.inner.op_timeout).await
     }
+}
+
+/// Runs the acquisition `start` makes, with `options` (waiting
+/// `default_wait` unless they say), recorded in `span`
+/// and the metrics. Should it be kept unpolled after a wake-up, it is
+/// dropped, and started again (with what is left of the wait) if polled
+/// again: see `kept.rs`. `start`'s future gives the result and the number
+/// of attempts made.
+async fn acquire_watched<S, F>(
+    first: Arc<str>,
+    (options, default_wait): (LockOptions, Duration),
+    span: tracing::Span,
+    start: S,
+) -> Result<LockGuard, LockError>
+where
+    S: Fn(LockOptions) -> F + Unpin,
+    F: Future<Output = (Result<LockGuard, LockError>, u32)> + Send + 'static,
+{
+    let started = Instant::now();
+    let label = options.label;
+    // Counted while the acquisition is under way; dropped with it, even
+    // when the caller drops this future while it waits.
+    let _waiting = observe::Waiting::start(label);
+    let wait = options.wait.unwrap_or(default_wait);
+    let acquired = kept::watched(first, started.into_std(), wait, move |left| {
+        start(options.clone().wait(left))
+    });
+    // (The attempts of its last start, should a kept acquisition have
+    // started over.)
+    let (result, attempts) = acquired.instrument(span.clone()).await;
+    observe::acquisition(&span, result.as_ref().map(drop), attempts, started, label);
+    result
 }
 
 #[cfg(test)]

@@ -121,6 +121,9 @@ mod guard;
 // Wait records in Redis, and cycles of waits found and broken.
 mod waits;
 
+// An acquisition kept unpolled lets go of what it took.
+mod kept;
+
 // Acquisition by kind: one key, several keys, shared holders and permits.
 mod acquire;
 

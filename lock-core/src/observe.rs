@@ -141,6 +141,16 @@ pub(crate) fn offer_withdrawn(key: &str) {
     );
 }
 
+/// An acquisition woken and not polled in time (its future kept, its
+/// thread blocked) was dropped: what it took went to the next task or back
+/// to Redis, and it starts over if polled again.
+pub(crate) fn kept_acquisition_dropped(key: &str) {
+    tracing::debug!(
+        key,
+        "a lock call was not polled in time after its answer or wake-up; let go of what it took"
+    );
+}
+
 /// The heartbeat's own thread or runtime could not be started (the system
 /// refused a thread): it runs on the caller's runtime instead, or, when
 /// the runtime failed, the held leases go unrenewed until the next lock.

@@ -295,6 +295,117 @@ async fn a_lease_handed_to_a_kept_waiter_goes_back_to_redis() {
     drop(kept);
 }
 
+/// How long a kept lock call may cost the other tasks: the target is under
+/// 100 ms; the margin is for a loaded 2-core machine. Before lock-core
+/// dropped kept acquisitions, these waits were 2 s (the operation timeout)
+/// and the key's whole ttl.
+const KEPT_COSTS_AT_MOST: Duration = Duration::from_millis(600);
+
+/// Polls a new call `make` makes once, again until it stays in flight (a
+/// reply can come in within the first poll), and keeps it.
+async fn polled_once<'a, F: Future + Send + 'a>(
+    mut make: impl FnMut() -> F,
+) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>> {
+    for _ in 0..50 {
+        let mut call: Pin<Box<dyn Future<Output = F::Output> + Send + 'a>> = Box::pin(make());
+        if poll_once(call.as_mut()).await {
+            return call;
+        }
+    }
+    panic!("the call never stayed in flight");
+}
+
+/// A lock call first in its process's queue for a key another client
+/// holds is kept unpolled: polled once (its `SET` in flight), or driven
+/// until it waits (for the key's release, or its backoff). The holder
+/// releases. Another task of the same client, queued behind the kept call,
+/// has the key within [`KEPT_COSTS_AT_MOST`], and once it lets go no key is
+/// left held. Polled again, the kept call starts over and takes the key. On
+/// every transport and deployment, and in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_call_first_in_the_queue_costs_the_next_task_no_wait() {
+    let in_memory = Backend::memory();
+    for backend in Backend::every_transport().into_iter().chain([in_memory]) {
+        let on = backend.name();
+        let client = client_with(&backend, settings()).await;
+        let other = client_with(&backend, settings()).await;
+        for driven in [false, true] {
+            let key = format!("front:{driven}");
+            let holder = other.lock(&key, Duration::from_secs(30)).await.unwrap();
+            let long = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(30));
+            let mut kept = polled_once(|| client.lock_with(&key, long.clone())).await;
+            if driven {
+                let waits = tokio::time::timeout(Duration::from_millis(200), kept.as_mut()).await;
+                assert!(waits.is_err(), "{on}: the kept call waits for the holder");
+            }
+            let next = tokio::spawn({
+                let (client, key) = (client.clone(), key.clone());
+                async move {
+                    let options = LockOptions::new(SHORT).wait(Duration::from_secs(5));
+                    let guard = client.lock_with(&key, options).await;
+                    (guard, Instant::now())
+                }
+            });
+            // The task queues behind the kept call.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let released = Instant::now();
+            assert!(holder.release().await.unwrap());
+            let (guard, took_at) = next.await.unwrap();
+            let guard = guard.unwrap_or_else(|e| panic!("{on}: the next task waited in vain: {e}"));
+            let cost = took_at.saturating_duration_since(released);
+            println!("{on}, driven {driven}: the next task had the key {cost:?} after the release");
+            assert!(
+                cost < KEPT_COSTS_AT_MOST,
+                "{on}, driven {driven}: the kept call held the next task up for {cost:?}"
+            );
+            assert!(guard.release().await.unwrap());
+            assert!(
+                !backend.holds(&storage_key(PREFIX, &key)),
+                "{on}: a key is left held after the kept call"
+            );
+            let again = kept
+                .await
+                .unwrap_or_else(|e| panic!("{on}: polled again, the kept call failed: {e}"));
+            assert!(again.release().await.unwrap(), "{on}: it held the key");
+        }
+    }
+}
+
+/// A lock call whose `SET` is in flight is kept unpolled: its answer takes
+/// the key. Another client (waiting up to 5 s) and another task of the same
+/// client each have the key within [`KEPT_COSTS_AT_MOST`] of the call, and
+/// afterwards no key is left held. On every transport and deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_call_answered_with_the_key_leaves_it_to_others() {
+    for backend in Backend::every_transport() {
+        let on = backend.name();
+        let client = client_with(&backend, settings()).await;
+        let other = client_with(&backend, settings()).await;
+        for (who, taker) in [("another client", &other), ("the same client", &client)] {
+            let key = format!("answered:{who}");
+            let sent = Instant::now();
+            let kept = polled_once(|| client.lock(&key, Duration::from_secs(30))).await;
+            let options = LockOptions::new(SHORT).wait(Duration::from_secs(5));
+            let taken = taker
+                .lock_with(&key, options)
+                .await
+                .unwrap_or_else(|e| panic!("{on}: {who} never had the key: {e}"));
+            let cost = sent.elapsed();
+            println!("{on}: {who} had the key {cost:?} after the kept call");
+            assert!(
+                cost < KEPT_COSTS_AT_MOST,
+                "{on}: the kept call held {who} up for {cost:?}"
+            );
+            assert!(taken.release().await.unwrap());
+            drop(kept);
+            assert!(
+                !backend.holds(&storage_key(PREFIX, &key)),
+                "{on}: a key is left held after the kept call"
+            );
+        }
+    }
+}
+
 #[distributed_lock(keys = ["a", "b"], fencing = true, client = client, ttl = "10s")]
 async fn both_then_b(client: &LockClient) -> Result<(u64, u64, u64), LockError> {
     let outer = lock_core::current_lock().unwrap();

@@ -12,7 +12,7 @@ use crate::lease::{
     Held, HoldLimits, HolderSet, Lease, MIN_TTL, Part, Scope, renewal_due, validity_end,
 };
 use crate::observe;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, Mode};
 use crate::queue::{Front, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD};
 use crate::release::LetGo;
 use crate::token::{Holder, Token};
@@ -61,6 +61,51 @@ impl ClientInner {
             call_bound,
             end: deadline + call_bound,
         })
+    }
+
+    /// One key, of any kind, as `options` say; ends early when the wait
+    /// is found to be part of a cycle across processes (`waits.rs`).
+    pub(crate) async fn acquire_key(
+        self: &Arc<Self>,
+        key: &str,
+        options: LockOptions,
+        attempts: &AtomicU32,
+    ) -> Result<LockGuard, LockError> {
+        let wait = options.wait.unwrap_or(self.default_wait);
+        let keys = [key];
+        let watch = crate::waits::watch(self, &keys, wait);
+        // Written inside `select!`, where the acquisition is stored once
+        // (a future passed by value to a helper would be stored twice).
+        tokio::select! {
+            biased;
+            acquired = async {
+                match options.mode {
+                    Mode::Exclusive => self.acquire_one(key, options, attempts).await,
+                    Mode::Shared | Mode::Permits(_) => {
+                        self.acquire_shared(key, options, attempts).await
+                    }
+                }
+            } => acquired,
+            deadlock = watch => Err(deadlock),
+        }
+    }
+
+    /// Several keys, exclusively (`keys` in canonical order, at least two),
+    /// as [`acquire_key`](Self::acquire_key) does one.
+    pub(crate) async fn acquire_keys(
+        self: &Arc<Self>,
+        keys: &[Arc<str>],
+        options: LockOptions,
+        attempts: &AtomicU32,
+    ) -> Result<LockGuard, LockError> {
+        let keys: Vec<&str> = keys.iter().map(|key| &**key).collect();
+        let wait = options.wait.unwrap_or(self.default_wait);
+        let watch = crate::waits::watch(self, &keys, wait);
+        tokio::select! {
+            biased;
+            acquired = self.acquire_several(&keys, options, attempts) => acquired,
+            deadlock = watch => Err(deadlock),
+        }
     }
 
     /// [`join_queue`](Self::join_queue) for one of the request's keys:
