@@ -25,7 +25,7 @@
 //! runtime looks at them every [`TICK`].
 
 use crate::background;
-use futures::task::AtomicWaker;
+use crate::sync::{self, AtomicWaker};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -82,8 +82,8 @@ where
     S: FnMut(Duration) -> F + Unpin,
 {
     let watch = Arc::new(Watch {
-        future: Mutex::new(None),
-        woken_at: AtomicU64::new(0),
+        future: sync::Mutex::new(None),
+        woken_at: sync::AtomicU64::new(0),
         caller: AtomicWaker::new(),
         key,
     });
@@ -107,7 +107,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        this.watch.caller.register(cx.waker());
+        sync::register(&this.watch.caller, cx.waker());
         let mut future = this.watch.future();
         // Under the lock, which the drop of a kept acquisition takes too.
         this.watch.woken_at.store(0, Ordering::Release);
@@ -123,7 +123,7 @@ where
             if let Some(done) = future.take() {
                 spare::keep(done);
             }
-        } else if this.listed.is_none() {
+        } else if this.listed.is_none() && cfg!(not(all(test, lock_core_loom))) {
             drop(future);
             this.listed = Some(list(this.watch.clone()));
         }
@@ -147,10 +147,10 @@ impl<F, S> Drop for Watched<F, S> {
 struct Watch<F> {
     /// The acquisition; `None` before the first poll, once done, and once
     /// given up. Boxed, to be dropped wherever it is given up.
-    future: Mutex<Option<Pin<Box<F>>>>,
+    future: sync::Mutex<Option<Pin<Box<F>>>>,
     /// The watch's tick ([`ticks`]) when the acquisition was woken and not
     /// polled since, or 0.
-    woken_at: AtomicU64,
+    woken_at: sync::AtomicU64,
     /// The caller's waker.
     caller: AtomicWaker,
     /// The key (the first of several), for the record.
@@ -158,7 +158,7 @@ struct Watch<F> {
 }
 
 impl<F> Watch<F> {
-    fn future(&self) -> MutexGuard<'_, Option<Pin<Box<F>>>> {
+    fn future(&self) -> sync::MutexGuard<'_, Option<Pin<Box<F>>>> {
         self.future.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -378,11 +378,110 @@ mod spare {
 
     /// Keeps the allocation of a finished acquisition for the next one.
     pub(super) fn keep<F: Future + 'static>(done: Pin<Box<F>>) {
+        // (A model test's acquisitions hold loom's primitives, which must
+        // not outlive the model.)
+        if cfg!(all(test, lock_core_loom)) {
+            return;
+        }
         let _ = SPARE.try_with(|spare| {
             if let Ok(mut spare) = spare.try_borrow_mut()
                 && spare.len() < SPARES
             {
                 spare.push(Box::new(done));
+            }
+        });
+    }
+}
+
+/// Model tests of a kept acquisition's watch, with loom: the caller
+/// polling, the acquisition's reply waking it, and lock-core's thread
+/// giving it up, run through every interleaving of their steps. An
+/// acquisition is given up only once woken and unpolled, never while it is
+/// polled; a caller that polls again gets an answer, from the acquisition
+/// or from its new start. `scripts/test` runs them:
+/// `RUSTFLAGS="--cfg lock_core_loom" cargo test -p lock-core --lib model::`.
+#[cfg(all(test, lock_core_loom))]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod model {
+    use super::*;
+    use loom::sync::atomic::AtomicBool;
+    use std::sync::atomic::AtomicUsize;
+
+    /// An acquisition that ends once its reply is in; its start number is
+    /// its answer. Dropped unfinished, it says whether its reply was in.
+    struct Acquisition {
+        start: usize,
+        reply: Arc<(AtomicBool, sync::AtomicWaker)>,
+        done: bool,
+        dropped_unfinished: Arc<Mutex<Vec<(usize, bool)>>>,
+    }
+
+    impl Future for Acquisition {
+        type Output = usize;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
+            sync::register(&self.reply.1, cx.waker());
+            if self.reply.0.load(Ordering::Acquire) {
+                self.done = true;
+                return Poll::Ready(self.start);
+            }
+            Poll::Pending
+        }
+    }
+
+    impl Drop for Acquisition {
+        fn drop(&mut self) {
+            if !self.done {
+                let replied = self.reply.0.load(Ordering::Acquire);
+                let mut dropped = self.dropped_unfinished.lock().unwrap();
+                dropped.push((self.start, replied));
+            }
+        }
+    }
+
+    #[test]
+    fn a_woken_acquisition_is_given_up_only_unpolled_and_its_caller_gets_an_answer() {
+        loom::model(|| {
+            let reply = Arc::new((AtomicBool::new(false), sync::AtomicWaker::new()));
+            let dropped = Arc::new(Mutex::new(Vec::new()));
+            let starts = AtomicUsize::new(0);
+            let mut acquisition = Box::pin(watched("k".into(), Instant::now(), KEPT, {
+                let (reply, dropped) = (reply.clone(), dropped.clone());
+                move |_| {
+                    let start = starts.fetch_add(1, Ordering::Relaxed) + 1;
+                    // A start after a give-up finds its reply in at once.
+                    Acquisition {
+                        start,
+                        reply: reply.clone(),
+                        done: false,
+                        dropped_unfinished: dropped.clone(),
+                    }
+                }
+            }));
+            let waker = futures::task::noop_waker();
+            let first = acquisition.as_mut().poll(&mut Context::from_waker(&waker));
+            assert!(first.is_pending(), "no reply yet");
+            let replier = loom::thread::spawn({
+                let reply = reply.clone();
+                move || {
+                    reply.0.store(true, Ordering::Release);
+                    reply.1.wake();
+                }
+            });
+            let watch = acquisition.watch.clone();
+            // Long past any wake-up.
+            let giver = loom::thread::spawn(move || watch.give_up(u64::MAX / 2));
+            let answer = loom::future::block_on(acquisition.as_mut());
+            replier.join().unwrap();
+            giver.join().unwrap();
+            drop(acquisition);
+            let dropped = dropped.lock().unwrap();
+            match answer {
+                // Answered by its first start: nothing was given up.
+                1 => assert!(dropped.is_empty(), "{dropped:?}"),
+                // Given up once woken by its reply, then started again.
+                2 => assert_eq!(*dropped, [(1, true)]),
+                other => panic!("start {other}"),
             }
         });
     }

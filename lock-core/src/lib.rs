@@ -121,6 +121,9 @@ mod guard;
 // Wait records in Redis, and cycles of waits found and broken.
 mod waits;
 
+// The primitives of state handed between tasks, loom's in model tests.
+mod sync;
+
 // An acquisition kept unpolled lets go of what it took.
 mod kept;
 

@@ -27,8 +27,8 @@
 //! past their own waits.
 
 use crate::lease::Lease;
+use crate::sync;
 use crate::token::Token;
-use futures::task::AtomicWaker;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -144,10 +144,18 @@ impl Waiting {
 }
 
 /// Where the task ahead puts what it hands to one waiter.
-#[derive(Default)]
 pub(crate) struct Slot {
-    state: Mutex<SlotState>,
-    waker: AtomicWaker,
+    state: sync::Mutex<SlotState>,
+    waker: sync::AtomicWaker,
+}
+
+impl Default for Slot {
+    fn default() -> Slot {
+        Slot {
+            state: sync::Mutex::new(SlotState::Empty),
+            waker: sync::AtomicWaker::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -161,7 +169,7 @@ enum SlotState {
 }
 
 impl Slot {
-    fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
+    fn state(&self) -> sync::MutexGuard<'_, SlotState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -228,7 +236,7 @@ impl Future for Offered {
     type Output = Option<Handoff>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Handoff>> {
-        self.0.waker.register(cx.waker());
+        sync::register(&self.0.waker, cx.waker());
         let mut state = self.0.state();
         match std::mem::take(&mut *state) {
             SlotState::Empty => Poll::Pending,
@@ -875,5 +883,75 @@ mod tests {
         );
         assert_eq!(queues.replace_lost_holder("k", stale, later()), None);
         assert!(queues.replace_lost_holder("k", fresh, later()).is_some());
+    }
+}
+
+/// Model tests of a hand-off, with loom: the task ahead offering, the
+/// waiter taking its offer, going away or kept after a poll, and the watch
+/// withdrawing an offer not taken in time, run through every interleaving
+/// of their steps. Whatever the order, the hand-off ends in exactly one
+/// place, and a waiter that waits is woken. `scripts/test` runs them:
+/// `RUSTFLAGS="--cfg lock_core_loom" cargo test -p lock-core --lib model::`.
+#[cfg(all(test, lock_core_loom))]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod model {
+    use super::*;
+    use loom::thread::{self, JoinHandle};
+
+    fn turn() -> Handoff {
+        Handoff::Free {
+            after: Duration::ZERO,
+            owner: 1,
+        }
+    }
+
+    /// The task ahead offers the turn (it comes back when the waiter is
+    /// gone: `true`), and the watch withdraws it if not taken (`true`).
+    fn ahead_and_watch(slot: &Arc<Slot>) -> [JoinHandle<bool>; 2] {
+        let ahead = slot.clone();
+        let watch = slot.clone();
+        [
+            thread::spawn(move || ahead.offer(turn()).is_err()),
+            thread::spawn(move || watch.withdraw().is_some()),
+        ]
+    }
+
+    fn ends_once(ends: &[bool]) {
+        let count = ends.iter().filter(|end| **end).count();
+        assert_eq!(count, 1, "taken, closed, given back, withdrawn: {ends:?}");
+    }
+
+    #[test]
+    fn a_waiting_waiter_is_woken_and_the_hand_off_ends_once() {
+        loom::model(|| {
+            let slot = Arc::new(Slot::default());
+            let waiter = Offered(slot.clone());
+            let [ahead, watch] = ahead_and_watch(&slot);
+            let taken = loom::future::block_on(waiter).is_some();
+            let given_back = ahead.join().unwrap();
+            ends_once(&[taken, false, given_back, watch.join().unwrap()]);
+        });
+    }
+
+    #[test]
+    fn a_waiter_gone_or_kept_after_a_poll_loses_no_hand_off() {
+        for polls in [0, 1] {
+            loom::model(move || {
+                let slot = Arc::new(Slot::default());
+                let mut waiter = Offered(slot.clone());
+                let [ahead, watch] = ahead_and_watch(&slot);
+                let mut taken = false;
+                if polls == 1 {
+                    let waker = futures::task::noop_waker();
+                    let polled = Pin::new(&mut waiter).poll(&mut Context::from_waker(&waker));
+                    taken = matches!(polled, Poll::Ready(Some(_)));
+                }
+                // Gone: whoever drops it passes on what `close` returns.
+                let closed = waiter.close().is_some();
+                drop(waiter);
+                let given_back = ahead.join().unwrap();
+                ends_once(&[taken, closed, given_back, watch.join().unwrap()]);
+            });
+        }
     }
 }
