@@ -273,15 +273,21 @@ where
                 left,
                 background: background.clone(),
             };
+            let mut caller_gone = watch_callers_runtime();
             // On lock-core's runtime: the caller's may be about to stall or
             // shut down, and these answers (an undo, a release) still matter.
             crate::background::spawn(async move {
-                // A call started on a runtime that has shut down since
-                // panics when polled (its timer went with that runtime):
-                // that call alone is dropped, the others go on.
                 while !running.is_empty() {
+                    // Should the caller's runtime shut down, the calls lose
+                    // the timers that bound them, and cannot be polled any
+                    // more: they are dropped (their commands were sent). A
+                    // panic all the same drops only the call that panicked.
                     let next = std::panic::AssertUnwindSafe(running.next()).catch_unwind();
-                    let _answered_or_panicked = next.await;
+                    tokio::select! {
+                        biased;
+                        _ = &mut caller_gone => return,
+                        _answered_or_panicked = next => {}
+                    }
                     let gone = counted.left - running.len();
                     counted.left -= gone;
                     counted.background.fetch_sub(gone, Ordering::Relaxed);
@@ -290,6 +296,18 @@ where
         }
         (decision, answers)
     }
+}
+
+/// Completes when the runtime the caller runs on shuts down (or at once,
+/// outside any runtime): a task of that runtime holds the sender, and goes
+/// with it. The task ends when the receiver is dropped.
+fn watch_callers_runtime() -> impl Future<Output = ()> + Send + Unpin {
+    let (alive, gone) = tokio::sync::oneshot::channel::<()>();
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let mut alive = alive;
+        drop(runtime.spawn(async move { alive.closed().await }));
+    }
+    gone.map(drop)
 }
 
 /// The calls of one background task still counted in `background`; a task
