@@ -261,7 +261,9 @@ fn list(watch: Arc<dyn Kept>) -> Listed {
             }
         }
     };
-    if !WATCHING.swap(true, Ordering::AcqRel) {
+    // A load first: while a watch runs (nearly always, under load) no
+    // acquisition writes the flag every thread reads.
+    if !WATCHING.load(Ordering::Acquire) && !WATCHING.swap(true, Ordering::AcqRel) {
         start_watch();
     }
     Listed(list, place)

@@ -338,7 +338,7 @@ async fn a_kept_call_first_in_the_queue_costs_the_next_task_no_wait() {
                 let waits = tokio::time::timeout(Duration::from_millis(200), kept.as_mut()).await;
                 assert!(waits.is_err(), "{on}: the kept call waits for the holder");
             }
-            let next = tokio::spawn({
+            let mut next = Box::pin({
                 let (client, key) = (client.clone(), key.clone());
                 async move {
                     let options = LockOptions::new(SHORT).wait(Duration::from_secs(5));
@@ -346,8 +346,9 @@ async fn a_kept_call_first_in_the_queue_costs_the_next_task_no_wait() {
                     (guard, Instant::now())
                 }
             });
-            // The task queues behind the kept call.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Its first poll queues the task behind the kept call.
+            assert!(poll_once(next.as_mut()).await, "{on}: the next task waits");
+            let next = tokio::spawn(next);
             let released = Instant::now();
             assert!(holder.release().await.unwrap());
             let (guard, took_at) = next.await.unwrap();
