@@ -192,7 +192,8 @@ impl LockClient {
     /// its own once it has been woken (by its answer, the key's release or
     /// its backoff timer) and left unpolled for 30-40 ms: it holds no other
     /// task up and leaves no key held. Polled again after that, it starts
-    /// over within what is left of its wait.
+    /// over within what is left of its wait, and is given twice as long the
+    /// next time: a task that is only polled late still gets through.
     ///
     /// # Re-entry
     ///

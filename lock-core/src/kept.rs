@@ -17,7 +17,9 @@
 //! behind that `SET`), its places in the queues go to the next task, and an
 //! offer handed to it is passed on. A poll and this drop exclude each
 //! other. Polled again, the acquisition starts over within what is left of
-//! its wait.
+//! its wait, and is given twice as long the next time: a caller that is
+//! only slow (its task polled late by a busy scheduler) is not given up for
+//! ever, and one that is kept costs others one [`KEPT`].
 //!
 //! The cost: a wake-up stores the watch's tick in the acquisition; an
 //! acquisition its first poll leaves pending is listed, in one of several
@@ -84,6 +86,7 @@ where
     let watch = Arc::new(Watch {
         future: sync::Mutex::new(None),
         woken_at: sync::AtomicU64::new(0),
+        patience: sync::AtomicU64::new(KEPT_TICKS),
         caller: AtomicWaker::new(),
         key,
     });
@@ -151,6 +154,9 @@ struct Watch<F> {
     /// The watch's tick ([`ticks`]) when the acquisition was woken and not
     /// polled since, or 0.
     woken_at: sync::AtomicU64,
+    /// Ticks from a wake-up to the drop: [`KEPT_TICKS`], doubled at every
+    /// give-up.
+    patience: sync::AtomicU64,
     /// The caller's waker.
     caller: AtomicWaker,
     /// The key (the first of several), for the record.
@@ -179,7 +185,7 @@ impl<F: Future + Send + 'static> Wake for Watch<F> {
 /// A listed acquisition, as the watch sees it.
 trait Kept: Send + Sync {
     /// Whether it was woken and left unpolled since before tick `tick`
-    /// minus [`KEPT_TICKS`].
+    /// minus its patience ([`KEPT_TICKS`] at first).
     fn kept_at(&self, tick: u64) -> bool;
     /// Drops the acquisition, unless it was polled since it was found kept.
     fn give_up(&self, tick: u64);
@@ -188,7 +194,8 @@ trait Kept: Send + Sync {
 impl<F: Future + Send + 'static> Kept for Watch<F> {
     fn kept_at(&self, tick: u64) -> bool {
         let woken_at = self.woken_at.load(Ordering::Acquire);
-        woken_at != 0 && tick.saturating_sub(woken_at) >= KEPT_TICKS
+        let patience = self.patience.load(Ordering::Relaxed);
+        woken_at != 0 && tick.saturating_sub(woken_at) >= patience
     }
 
     fn give_up(&self, tick: u64) {
@@ -206,6 +213,9 @@ impl<F: Future + Send + 'static> Kept for Watch<F> {
         // no longer a kept acquisition, only a caller's future.
         self.woken_at.store(0, Ordering::Release);
         if future.take().is_some() {
+            let patience = self.patience.load(Ordering::Relaxed);
+            self.patience
+                .store(patience.saturating_mul(2), Ordering::Relaxed);
             crate::observe::kept_acquisition_dropped(&self.key);
         }
     }

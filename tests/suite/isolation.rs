@@ -407,6 +407,93 @@ async fn a_kept_call_answered_with_the_key_leaves_it_to_others() {
     }
 }
 
+/// How late a slow caller's task is polled after each wake-up: longer than
+/// a kept acquisition is given (30-40 ms).
+const LATE: Duration = Duration::from_millis(150);
+
+/// Polls `inner` only [`LATE`] after each of its wake-ups, as a scheduler
+/// too busy to come sooner would.
+struct PolledLate<F> {
+    inner: Pin<Box<F>>,
+}
+
+/// Passes a wake-up on [`LATE`] after it came.
+struct LateWaker {
+    caller: std::task::Waker,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::task::Wake for LateWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        let caller = self.caller.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep(LATE).await;
+            caller.wake();
+        });
+    }
+}
+
+impl<F: Future> Future for PolledLate<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let late = std::sync::Arc::new(LateWaker {
+            caller: cx.waker().clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let waker = std::task::Waker::from(late);
+        self.inner
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+    }
+}
+
+/// A call whose task is polled only [`LATE`] after each wake-up, every
+/// time, is given up as kept, but not for ever: given up once, it is given
+/// twice as long the next time, so it takes a free key by its third or
+/// fourth poll. Before, each poll started it over with the same 30-40 ms:
+/// one call alone took the key only when a reply happened to be read within
+/// a poll (up to 2.4 s), and with [`RUNS`] side by side none ended within
+/// twice its 5 s wait. [`RUNS`] calls side by side, each in a task of its
+/// own, on every transport and deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_polled_late_every_time_still_takes_the_key() {
+    for backend in Backend::every_transport() {
+        let on = backend.name();
+        let client = client_with(&backend, settings()).await;
+        // Each in a task of its own, polled only when its own call is woken.
+        let calls = (0..RUNS).map(|run| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let options = LockOptions::new(SHORT).wait(Duration::from_secs(5));
+                let key = format!("late:{run}");
+                let sent = Instant::now();
+                let call = PolledLate {
+                    inner: Box::pin(client.lock_with(&key, options)),
+                };
+                let held = tokio::time::timeout(Duration::from_secs(10), call)
+                    .await
+                    .unwrap_or_else(|_| panic!("{on}: a late call never ended"))
+                    .unwrap_or_else(|e| panic!("{on}: a late call never had the key: {e}"));
+                let took = sent.elapsed();
+                assert!(held.release().await.unwrap(), "{on}: a lock was lost");
+                took
+            })
+        });
+        let took: Vec<Duration> = futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let slowest = took.iter().max().unwrap();
+        println!("{on}: the late calls had their keys after at most {slowest:?}");
+        assert!(
+            *slowest < LATE * 10,
+            "{on}: a late call took {slowest:?} to have a free key"
+        );
+    }
+}
+
 #[distributed_lock(keys = ["a", "b"], fencing = true, client = client, ttl = "10s")]
 async fn both_then_b(client: &LockClient) -> Result<(u64, u64, u64), LockError> {
     let outer = lock_core::current_lock().unwrap();
