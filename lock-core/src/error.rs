@@ -510,7 +510,8 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
     const LOCK_CLIENT_ACL: &str = "+set +get +del +pexpire +pttl +time +evalsha +script|load \
                                    +publish +subscribe +unsubscribe +ping +type +zadd +zrem \
-                                   +zremrangebyscore +zrange ~<prefix>* &<prefix>*";
+                                   +zremrangebyscore +zrange ~<prefix>* &<prefix>* \
+                                   (and +cluster|slots +asking on a Redis Cluster)";
 
     /// The explanation of an ACL refusal: which permission, and how to
     /// grant it. Understands the wordings of Redis 6.2 to 7.4 and Valkey,

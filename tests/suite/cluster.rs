@@ -342,3 +342,165 @@ async fn the_attribute_works_on_a_cluster() {
         );
     }
 }
+
+/// CRC16 (XMODEM), which Redis Cluster hashes keys with.
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &byte| {
+        (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
+            if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            }
+        })
+    })
+}
+
+/// `key`'s slot on `cluster`, and the ids of its primary `from` and of
+/// another primary `to`.
+fn slot_and_ids(
+    cluster: &RedisCluster,
+    key: &str,
+    from: usize,
+    to: usize,
+) -> (u16, String, String) {
+    let slot = cluster.keyslot(&storage_key(PREFIX, key)).unwrap();
+    let id = |i: usize| cluster.nodes()[i].cmd::<String>(&["CLUSTER", "MYID"]);
+    (slot, id(from), id(to))
+}
+
+/// A slot moved from one primary to another while a lock in it is held.
+/// Mid-move, a new lock in the slot is answered `ASK` by the old primary
+/// and taken on the new one (`ASKING`); once moved, the held lock's
+/// renewals and release are answered `MOVED` and follow the slot: the
+/// lock is never lost, and its release deletes it where it now lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_while_a_lock_in_it_is_held_is_followed() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = client_with(&cluster, settings()).await;
+    let keys = keys_on_every_primary(&cluster, "m");
+    let mut primaries = keys.iter();
+    let (&from, held_key) = primaries.next().unwrap();
+    let (&to, _) = primaries.next().unwrap();
+    let (slot, from_id, to_id) = slot_and_ids(&cluster, held_key, from, to);
+    let ttl = Duration::from_millis(900);
+    let held = client.lock(held_key, ttl).await.unwrap();
+
+    // Mid-move: keys of the slot not on the old primary are asked of the
+    // new one.
+    let slot_arg = slot.to_string();
+    let _: String =
+        cluster.nodes()[to].cmd(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id]);
+    let _: String =
+        cluster.nodes()[from].cmd(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id]);
+    // Another key of the slot (checked against the server's own count).
+    let sibling_key = (0..1_000_000)
+        .map(|i| format!("sibling{i}"))
+        .find(|k| crc16(k.as_bytes()) % 16384 == slot)
+        .unwrap();
+    assert_eq!(
+        cluster.keyslot(&storage_key(PREFIX, &sibling_key)).unwrap(),
+        slot
+    );
+    let asked = client
+        .try_lock(&sibling_key, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("a lock in a slot being moved: {e}"))
+        .expect("a free key");
+    let (on_new,): (i64,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("EXISTS")
+        .arg(storage_key(PREFIX, &sibling_key))
+        .query(&mut cluster.nodes()[to].connection())
+        .unwrap();
+    assert_eq!(
+        on_new, 1,
+        "the lock taken mid-move is not on the new primary"
+    );
+
+    // The held lock's keys move, then the slot.
+    let to_port = cluster.nodes()[to].port().to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+    let stored = storage_key(PREFIX, held_key);
+    migrate.push(&stored);
+    let _: String = cluster.nodes()[from].cmd(&migrate);
+    for node in cluster.nodes() {
+        let _: String = node.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
+    }
+    // Twice the ttl: only renewals where the slot now lives keep it.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !held.is_lost(),
+        "the held lock was lost when its slot moved"
+    );
+    let pttl: i64 = cluster.nodes()[to].cmd(&["PTTL", &stored]);
+    assert!(pttl > 0, "not renewed where its slot moved: PTTL {pttl}");
+    assert!(
+        held.release().await.unwrap(),
+        "released where its slot moved"
+    );
+    assert_eq!(cluster.nodes()[to].cmd::<i64>(&["EXISTS", &stored]), 0);
+    assert!(asked.release().await.unwrap());
+}
+
+/// A frozen primary costs the locks of the other primaries nothing: a call
+/// on its slots ends within the operation timeout, and calls on the others
+/// are answered meanwhile, as fast as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_primary_costs_the_other_slots_nothing() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = client_with(&cluster, settings()).await;
+    let keys = keys_on_every_primary(&cluster, "z");
+    let mut primaries = keys.iter();
+    let (&frozen, frozen_key) = primaries.next().unwrap();
+    let others: Vec<&String> = primaries.map(|(_, k)| k).collect();
+    for key in &others {
+        assert!(
+            client
+                .lock(key, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        );
+    }
+    let _paused = cluster.nodes()[frozen].pause();
+    let started = Instant::now();
+    let stuck = tokio::spawn({
+        let client = client.clone();
+        let key = frozen_key.clone();
+        async move {
+            client
+                .try_lock(&key, Duration::from_secs(5))
+                .await
+                .map(|g| g.is_some())
+        }
+    });
+    for round in 0..5 {
+        for key in &others {
+            let asked = Instant::now();
+            let guard = client
+                .lock(key, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("round {round}: {key} with a frozen primary elsewhere: {e}")
+                });
+            assert!(guard.release().await.unwrap());
+            let took = asked.elapsed();
+            assert!(
+                took < Duration::from_millis(300),
+                "round {round}: {key} took {took:?} beside a frozen primary"
+            );
+        }
+    }
+    let err = stuck.await.unwrap().unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Unavailable, "{err}");
+    // The operation timeout (500 ms) and a margin for a loaded machine.
+    assert!(
+        took < Duration::from_millis(1500),
+        "the frozen call took {took:?}"
+    );
+}

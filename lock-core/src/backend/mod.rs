@@ -265,8 +265,9 @@ impl Backend {
     /// connection allows it (lock-core's own, over plain TCP or TLS): returns
     /// once the command is written, so a later command of this process on
     /// the same connection comes after it. Redlock sends it to every server
-    /// and returns once a majority of them have it written. Elsewhere
-    /// (Cluster, and the `redis` crate's connections for Unix sockets, RESP3
+    /// and returns once a majority of them have it written; a cluster sends
+    /// it to the key's primary (see [`ClusterNode::send_release`]).
+    /// Elsewhere (the `redis` crate's connections for Unix sockets, RESP3
     /// and Sentinel) the reply is awaited, its answer dropped.
     pub(crate) async fn send_release(
         &self,
@@ -277,7 +278,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.send_release(key, token, limit).await,
             Backend::Redlock(quorum) => quorum.send_release(key, token, limit).await,
-            Backend::Cluster(node) => node.release(key, token, limit).await.map(drop),
+            Backend::Cluster(node) => node.send_release(key, token, limit).await,
             Backend::Memory(store) => {
                 store.release(key, token);
                 Ok(())
@@ -294,7 +295,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.release_now(key, token),
             Backend::Redlock(quorum) => quorum.release_now(key, token),
-            Backend::Cluster(_) => false,
+            Backend::Cluster(node) => node.release_now(key, token),
             Backend::Memory(store) => {
                 store.release(key, token);
                 true

@@ -282,7 +282,7 @@ impl Node {
         })
     }
 
-    fn with_client(
+    pub(crate) fn with_client(
         client: redis::Client,
         tls: Option<TlsConfig>,
         connect_timeout: Duration,

@@ -9,7 +9,6 @@ use super::{ClusterNode, Node, Server};
 use crate::error::{ErrorKind, LockError};
 use crate::scripts::{self, Eval};
 use redis::Value;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use std::time::Duration;
 
 /// How many keys one `SCAN` call looks at (its `COUNT`).
@@ -241,30 +240,13 @@ impl ClusterNode {
         limit: Duration,
     ) -> Result<KeyPage, LockError> {
         let primaries = self.primaries(limit).await?;
-        let Some((host, port)) = primaries.get(at.server).cloned() else {
+        let Some(primary) = primaries.get(at.server) else {
             return Ok(KeyPage {
                 keys: Vec::new(),
                 next: None,
             });
         };
-        let (cursor, keys): (u64, Vec<String>) = self
-            .call(limit, true, |mut conn| {
-                let mut cmd = redis::cmd("SCAN");
-                cmd.arg(at.cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port,
-                });
-                async move {
-                    let answer = conn.route_command(cmd, routing).await?;
-                    Ok(redis::from_redis_value(answer)?)
-                }
-            })
-            .await?;
+        let (cursor, keys) = primary.scan_once(pattern, at.cursor, limit).await?;
         let next = if cursor != 0 {
             Some(ScanAt {
                 server: at.server,
@@ -280,44 +262,6 @@ impl ClusterNode {
         };
         Ok(KeyPage { keys, next })
     }
-
-    /// The primaries' addresses, sorted (`CLUSTER SLOTS`).
-    async fn primaries(&self, limit: Duration) -> Result<Vec<(String, u16)>, LockError> {
-        let slots: Value = self
-            .call(limit, true, |mut conn| async move {
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut conn)
-                    .await
-            })
-            .await?;
-        let mut primaries = primaries_of(&slots);
-        primaries.sort();
-        primaries.dedup();
-        Ok(primaries)
-    }
-}
-
-/// The primary of each slot range in a `CLUSTER SLOTS` answer:
-/// `[[start, end, [host, port, id, ..], replicas..], ..]`.
-fn primaries_of(slots: &Value) -> Vec<(String, u16)> {
-    let Value::Array(ranges) = slots else {
-        return Vec::new();
-    };
-    ranges
-        .iter()
-        .filter_map(|range| match range {
-            Value::Array(fields) => match fields.get(2) {
-                Some(Value::Array(node)) => {
-                    let host: String = redis::from_redis_value_ref(node.first()?).ok()?;
-                    let port: u16 = redis::from_redis_value_ref(node.get(1)?).ok()?;
-                    Some((host, port))
-                }
-                _ => None,
-            },
-            _ => None,
-        })
-        .collect()
 }
 
 /// [`scripts::INSPECT`]'s answer.

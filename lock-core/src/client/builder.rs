@@ -605,7 +605,7 @@ impl LockClientBuilder {
             ));
         }
         self.check_common()?;
-        let node = ClusterNode::new(urls, self.connect_timeout, self.op_timeout)?;
+        let node = ClusterNode::new(urls, self.connect_timeout)?;
         let unreachable = format!(
             "cannot reach the Redis Cluster at {}; check the URLs and that it runs",
             node.addr()
