@@ -8,7 +8,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use lock_core::{Backoff, LockClient, LockClientBuilder, MemoryStore};
-use lock_testkit::{RedisCluster, RedisServer, TestCertificates, start_servers};
+use lock_testkit::{RedisCluster, RedisServer, SentinelServer, TestCertificates, start_servers};
 use std::future::Future;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -165,7 +165,12 @@ pub enum Backend {
     /// One `redis-server` reached over TLS (`rediss://`), with the
     /// certificates of its private CA.
     Tls(RedisServer, TestCertificates),
+    /// One `redis-server` found through a Sentinel that monitors it.
+    Sentinel(RedisServer, SentinelServer),
 }
+
+/// The service name of [`Backend::Sentinel`]'s primary.
+const SENTINEL_SERVICE: &str = "suiteprimary";
 
 impl Backend {
     /// A fresh in-memory store.
@@ -202,14 +207,22 @@ impl Backend {
         }
     }
 
+    /// A server and a Sentinel that monitors it.
+    pub fn sentinel() -> Backend {
+        let primary = RedisServer::start();
+        let sentinel = SentinelServer::start(&primary, SENTINEL_SERVICE, 1);
+        Backend::Sentinel(primary, sentinel)
+    }
+
     /// The backends every transport and deployment the README names runs
     /// on: one server over plain TCP and over TLS (where the binary has
-    /// it), a cluster, and Redlock.
+    /// it), a cluster, Redlock, and a server found through a Sentinel.
     pub fn every_transport() -> Vec<Backend> {
         let mut backends = vec![Backend::server()];
         backends.extend(Backend::tls());
         backends.push(Backend::cluster());
         backends.push(Backend::redlock());
+        backends.push(Backend::sentinel());
         backends
     }
 
@@ -221,6 +234,7 @@ impl Backend {
             Backend::Cluster(_) => "cluster",
             Backend::Redlock(_) => "redlock",
             Backend::Tls(..) => "one server over TLS",
+            Backend::Sentinel(..) => "sentinel",
         }
     }
 
@@ -229,7 +243,7 @@ impl Backend {
     pub fn holds(&self, storage_key: &str) -> bool {
         match self {
             Backend::Memory(store) => store.held() > 0,
-            Backend::Server(server) | Backend::Tls(server, _) => {
+            Backend::Server(server) | Backend::Tls(server, _) | Backend::Sentinel(server, _) => {
                 server.cmd(&["EXISTS", storage_key])
             }
             Backend::Cluster(cluster) => {
@@ -253,7 +267,9 @@ impl Backend {
         };
         match self {
             Backend::Memory(_) => return false,
-            Backend::Server(server) | Backend::Tls(server, _) => del(server),
+            Backend::Server(server) | Backend::Tls(server, _) | Backend::Sentinel(server, _) => {
+                del(server)
+            }
             Backend::Cluster(cluster) => {
                 let primary = cluster
                     .primary_of_key(storage_key)
@@ -272,7 +288,9 @@ impl Backend {
         let empty = |server: &RedisServer| server.cmd::<i64>(&["DBSIZE"]) == 0;
         match self {
             Backend::Memory(store) => store.held() == 0,
-            Backend::Server(server) | Backend::Tls(server, _) => empty(server),
+            Backend::Server(server) | Backend::Tls(server, _) | Backend::Sentinel(server, _) => {
+                empty(server)
+            }
             Backend::Cluster(cluster) => cluster.nodes().iter().all(empty),
             Backend::Redlock(servers) => servers.iter().all(empty),
         }
@@ -289,6 +307,7 @@ impl Store for Backend {
             Backend::Tls(server, certs) => builder
                 .url(server.tls_url())
                 .tls_root_certificate(certs.ca_pem()),
+            Backend::Sentinel(_, sentinel) => builder.sentinel([sentinel.url()], SENTINEL_SERVICE),
         }
     }
 
@@ -299,6 +318,9 @@ impl Store for Backend {
             Backend::Cluster(cluster) => cluster.logs(),
             Backend::Redlock(servers) => servers.logs(),
             Backend::Tls(server, _) => server.logs(),
+            Backend::Sentinel(server, sentinel) => {
+                format!("{}\n--- sentinel ---\n{}", server.logs(), sentinel.log())
+            }
         }
     }
 }

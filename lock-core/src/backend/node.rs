@@ -40,7 +40,7 @@ pub(crate) enum Conn {
     /// lock-core's own, for plain TCP and TLS (see `wire/`): the common
     /// case.
     Wire(Wire),
-    /// The `redis` crate's, for Unix sockets, RESP3 and Sentinel.
+    /// The `redis` crate's, for Unix sockets and RESP3.
     Multiplexed(MultiplexedConnection),
 }
 
@@ -149,11 +149,22 @@ impl Target {
                     .await
                     .map(Conn::Multiplexed)
             }
-            Target::Sentinel(target) => target
-                .client()?
-                .get_async_connection_with_config(&config)
-                .await
-                .map(Conn::Multiplexed),
+            Target::Sentinel(target) => {
+                // The primary the Sentinels name, checked to answer as one;
+                // then lock-core's own connection to it, where it serves.
+                let mut sentinels = target.client()?;
+                let primary = sentinels.async_get_client().await?;
+                let info = primary.get_connection_info();
+                if let Some((host, port, None)) = wire_target(info, None) {
+                    let settings = info.redis_settings();
+                    return Ok(Conn::Wire(Wire::connect(host, port, settings, None).await?));
+                }
+                target
+                    .client()?
+                    .get_async_connection_with_config(&config)
+                    .await
+                    .map(Conn::Multiplexed)
+            }
         }
     }
 }
@@ -273,12 +284,14 @@ impl Node {
                     .unwrap_or_else(|_| redact(url))
             })
             .collect();
+        // The primary is reached over lock-core's own connection (see
+        // `Target::open`), opened where it is called.
         Ok(Node {
             target: Target::Sentinel(target),
             addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
             connect_timeout,
             min_replicas: None,
-            connection: SharedConnection::new(connect_timeout, connect_error, Opens::Apart),
+            connection: SharedConnection::new(connect_timeout, connect_error, Opens::WhereCalled),
         })
     }
 
