@@ -267,8 +267,8 @@ impl Backend {
     /// the same connection comes after it. Redlock sends it to every server
     /// and returns once a majority of them have it written; a cluster sends
     /// it to the key's primary (see [`ClusterNode::send_release`]).
-    /// Elsewhere (the `redis` crate's connections for Unix sockets, RESP3
-    /// and Sentinel) the reply is awaited, its answer dropped.
+    /// Elsewhere (the `redis` crate's connections for Unix sockets and
+    /// RESP3) the reply is awaited, its answer dropped.
     pub(crate) async fn send_release(
         &self,
         key: &str,

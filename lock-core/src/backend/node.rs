@@ -37,8 +37,9 @@ pub(crate) struct Node {
 /// A connection to a node's server.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    /// lock-core's own, for plain TCP and TLS (see `wire/`): the common
-    /// case.
+    /// lock-core's own, for plain TCP and TLS (see `wire/`), to one
+    /// server, the primary a Sentinel names or a cluster's primary: the
+    /// common case.
     Wire(Wire),
     /// The `redis` crate's, for Unix sockets and RESP3.
     Multiplexed(MultiplexedConnection),
@@ -264,6 +265,7 @@ impl Node {
                 redact(url)
             )));
         }
+        let primary_protocol = primary.protocol();
         let target = SentinelTarget {
             urls: sentinel_urls.to_vec(),
             service: service.to_owned(),
@@ -285,13 +287,18 @@ impl Node {
             })
             .collect();
         // The primary is reached over lock-core's own connection (see
-        // `Target::open`), opened where it is called.
+        // `Target::open`), opened where it is called; over RESP3, over the
+        // `redis` crate's, opened on lock-core's runtime.
+        let opens = match primary_protocol {
+            redis::ProtocolVersion::RESP2 => Opens::WhereCalled,
+            _ => Opens::Apart,
+        };
         Ok(Node {
             target: Target::Sentinel(target),
             addr: format!("sentinel[{}]/{service}", hosts.join(", ")),
             connect_timeout,
             min_replicas: None,
-            connection: SharedConnection::new(connect_timeout, connect_error, Opens::WhereCalled),
+            connection: SharedConnection::new(connect_timeout, connect_error, opens),
         })
     }
 
