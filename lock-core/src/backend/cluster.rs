@@ -496,6 +496,7 @@ fn host_port(addr: &str) -> Option<(String, u16)> {
 
 /// What a cluster call is handed: sends each command to its slot's
 /// primary.
+#[derive(Clone)]
 pub(crate) struct Routed {
     routes: Arc<Routes>,
     deadline: Instant,
@@ -503,17 +504,6 @@ pub(crate) struct Routed {
     last: Option<Arc<Node>>,
     /// Why the node could not be reached, for the call to report.
     lost: Arc<Mutex<Option<LockError>>>,
-}
-
-impl Clone for Routed {
-    fn clone(&self) -> Routed {
-        Routed {
-            routes: self.routes.clone(),
-            deadline: self.deadline,
-            last: self.last.clone(),
-            lost: self.lost.clone(),
-        }
-    }
 }
 
 impl ConnectionLike for Routed {
