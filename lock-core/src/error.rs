@@ -508,8 +508,8 @@ const PASSING: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTE
 /// check the credentials.
 pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
-    const LOCK_CLIENT_ACL: &str = "+set +get +del +pexpire +pttl +time +evalsha +script|load \
-                                   +publish +subscribe +unsubscribe +ping +type +zadd +zrem \
+    const LOCK_CLIENT_ACL: &str = "+set +get +del +exists +pexpire +pttl +time +evalsha \
+                                   +script|load +publish +subscribe +unsubscribe +ping +type +zadd +zrem \
                                    +zremrangebyscore +zrange ~<prefix>* &<prefix>* \
                                    (and +cluster|slots +asking on a Redis Cluster)";
 
@@ -529,7 +529,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
             format!("may not run `{command}` (grant it with ACL SETUSER <user> +{command})")
         } else if lower.contains("can't run this command") {
             "may not run one of the commands the lock's Lua script calls (ACL LOG names it; \
-             scripts need +set +get +del +pexpire +pttl +time +publish +type +zadd \
+             scripts need +set +get +del +exists +pexpire +pttl +time +publish +type +zadd \
              +zremrangebyscore +zrange)"
                 .to_owned()
         } else if lower.contains("keys") || lower.contains("a key") {

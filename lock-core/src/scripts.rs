@@ -59,7 +59,7 @@ macro_rules! lua {
 }
 
 /// Every script lock-core calls by its hash.
-pub(crate) static ALL: [&Lua; 17] = [
+pub(crate) static ALL: [&Lua; 18] = [
     &RELEASE,
     &RENEW,
     &SET_TTL,
@@ -77,6 +77,7 @@ pub(crate) static ALL: [&Lua; 17] = [
     &WAIT_RECORD,
     &WAIT_HOP,
     &WAITERS,
+    &LISTEN,
 ];
 
 /// One `EVALSHA` call of a script.
@@ -205,15 +206,67 @@ macro_rules! lua_foreign {
 
 /// Deletes the key only if it still holds our token, and tells waiters.
 ///
-/// `KEYS[1]` lock key, `ARGV[1]` token, optional `ARGV[2]` = `quiet` to
+/// `KEYS[1]` lock key, optional `KEYS[2]` its listeners mark (see
+/// [`Wake::Listeners`]), `ARGV[1]` token, optional `ARGV[2]` = `quiet` to
 /// publish nothing (the undo of a Redlock attempt that did not win: see
 /// `Quorum::acquire`). Returns 1 when our lock was deleted, 0 when the key
 /// is gone, belongs to another owner or holds another type.
 /// A plain `DEL` would delete the next owner's lock after ours expired. On
 /// release it publishes on the channel named like the key, which waiters
 /// subscribe to (see `backend/wakeup.rs`); with no subscriber that costs
-/// next to nothing.
+/// one server next to nothing. Given the listeners mark, it publishes only
+/// while the mark exists.
 pub(crate) static RELEASE: Lua = lua!(concat!(lua_read!(), include_str!("scripts/release.lua")));
+
+/// Whom a release's wake-up (`PUBLISH` on the channel named like the key)
+/// goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Published on every release: one server, or Redlock's, where a
+    /// message with no subscriber costs next to nothing.
+    Everyone,
+    /// Published only while the key's listeners mark exists, which a
+    /// waiter in another process sets (with [`LISTEN`]) before it asks
+    /// again and then waits for the message. A cluster sends every
+    /// `PUBLISH` to all its nodes over its bus: a release nobody waits for
+    /// would cost every node of the cluster.
+    Listeners,
+    /// Nothing published: the undo of an attempt that did not win.
+    Nobody,
+}
+
+/// The listeners mark of a lock key (see [`Wake::Listeners`]); shares its
+/// hash slot.
+pub(crate) fn listeners_key(storage_key: &str) -> String {
+    let mut out = String::with_capacity(storage_key.len() + 10);
+    out.push_str(storage_key);
+    out.push_str(":listeners");
+    out
+}
+
+/// The [`RELEASE`] call of `key` by `token`, telling `wake`.
+pub(crate) fn release_call(key: &str, token: impl ToRedisArgs, wake: Wake) -> Eval {
+    let mut inv;
+    if wake == Wake::Listeners {
+        inv = Eval::new(&RELEASE, 2);
+        inv.key(key).key(listeners_key(key));
+    } else {
+        inv = Eval::new(&RELEASE, 1);
+        inv.key(key);
+    }
+    inv.arg(token);
+    if wake == Wake::Nobody {
+        inv.arg("quiet");
+    }
+    inv
+}
+
+/// A waiter in another process says it listens for the key's release (see
+/// [`Wake::Listeners`]): the mark lasts at least `ARGV[1]` milliseconds
+/// from now, never less than it had.
+///
+/// `KEYS[1]` the listeners mark (`<lock key>:listeners`). Returns 1.
+pub(crate) static LISTEN: Lua = lua!(include_str!("scripts/listen.lua"));
 
 /// Renews the lease if the key still holds our token: raises its expiry to
 /// the ttl, never lowers it.
@@ -392,7 +445,8 @@ pub(crate) static SHARED_ACQUIRE: Lua = lua!(concat!(
 
 /// A shared holder or a permit leaves the holder set, and waiters are told.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` holder set; `ARGV[1]` token, `ARGV[2]`
+/// `KEYS[1]` lock key, `KEYS[2]` holder set, optional `KEYS[3]` the
+/// listeners mark (see [`Wake::Listeners`]); `ARGV[1]` token, `ARGV[2]`
 /// marker. Returns 1 when the holder was still in the set and unexpired, 0
 /// otherwise. The marker's expiry shrinks to the longest remaining holder's,
 /// and goes with the last one.
@@ -434,7 +488,8 @@ pub(crate) static INSPECT: Lua = lua!(concat!(
 /// (`LockClient::force_release`), and tells its waiters.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` its holder set, `KEYS[3]` its tombstone
-/// (`<lock key>:evicted`). An exclusive holder's token, or every shared
+/// (`<lock key>:evicted`), optional `KEYS[4]` its listeners mark (see
+/// [`Wake::Listeners`]). An exclusive holder's token, or every shared
 /// holder's, goes into the tombstone for as long as the evicted lease had
 /// left (added to the tokens already there), so the holders can tell at
 /// their next renewal that they were evicted rather than expired. Returns

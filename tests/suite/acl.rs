@@ -21,6 +21,7 @@ const LOCK_CLIENT_RULES: &[&str] = &[
     "+set",
     "+get",
     "+del",
+    "+exists",
     "+pexpire",
     "+pttl",
     "+time",

@@ -42,6 +42,23 @@ fn keys_on_every_primary(cluster: &RedisCluster, stem: &str) -> BTreeMap<usize, 
     found
 }
 
+/// A key whose slot the first node does not serve, and the node that does.
+fn key_off_the_first_node(cluster: &RedisCluster, stem: &str) -> (usize, String) {
+    keys_on_every_primary(cluster, stem)
+        .into_iter()
+        .find(|(primary, _)| *primary != 0)
+        .unwrap()
+}
+
+/// A client that polls only every 5 s: only a wake-up gets it a released
+/// key quickly.
+async fn patient_client(cluster: &RedisCluster) -> LockClient {
+    let builder = LockClient::builder()
+        .key_prefix(PREFIX)
+        .backoff(slow_backoff());
+    client_with(cluster, builder).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locks_work_on_every_primary_of_a_cluster() {
     let started = Instant::now();
@@ -165,21 +182,9 @@ async fn a_waiter_hears_the_release_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let holder = client_with(&cluster, settings()).await;
     // Polls only every 5 s: only a wake-up gets it in quickly.
-    let waiter = client_with(
-        &cluster,
-        LockClient::builder()
-            .key_prefix(PREFIX)
-            .backoff(slow_backoff()),
-    )
-    .await;
-    // A key whose slot is not served by the first node: the release's
-    // PUBLISH must cross the cluster bus.
-    let keys = keys_on_every_primary(&cluster, "w");
-    let key = keys
-        .iter()
-        .find(|(primary, _)| **primary != 0)
-        .map(|(_, k)| k.clone())
-        .unwrap();
+    let waiter = patient_client(&cluster).await;
+    // The release's PUBLISH must cross the cluster bus.
+    let (_, key) = key_off_the_first_node(&cluster, "w");
     let held = holder.lock(&key, Duration::from_secs(10)).await.unwrap();
     let waiting = {
         let key = key.clone();
@@ -503,4 +508,128 @@ async fn a_frozen_primary_costs_the_other_slots_nothing() {
         took < Duration::from_millis(1500),
         "the frozen call took {took:?}"
     );
+}
+
+/// Releases `key` (the caller's name) through the attribute: its release
+/// goes out without waiting for the reply.
+#[distributed_lock(key = "{key}", client = client, ttl = "10s")]
+async fn attribute_hold(client: &LockClient, key: &str) -> Result<(), LockError> {
+    let _ = key;
+    Ok(())
+}
+
+/// The next message `messages` brings, within [`TOPOLOGY_BOUND`].
+async fn next_message(messages: &mut (impl futures::Stream<Item = redis::Msg> + Unpin)) -> String {
+    use futures::StreamExt;
+    let message = tokio::time::timeout(TOPOLOGY_BOUND, messages.next())
+        .await
+        .expect("no message came")
+        .expect("the subscriber's connection closed");
+    message.get_payload().unwrap()
+}
+
+/// A cluster sends every `PUBLISH` to all its nodes. A release that no
+/// waiter of another process listens for publishes nothing there; one
+/// that a waiter listens for still does, and wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_release_somebody_listens_for_is_published_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = client_with(&cluster, settings()).await;
+    // Served by another node than the subscriber's: its messages cross
+    // the cluster bus.
+    let (primary, key) = key_off_the_first_node(&cluster, "p");
+    let channel = storage_key(PREFIX, &key);
+    let subscriber = redis::Client::open(cluster.nodes()[0].url()).unwrap();
+    let mut pubsub = subscriber.get_async_pubsub().await.unwrap();
+    pubsub.subscribe(&channel).await.unwrap();
+    let mut messages = pubsub.into_on_message();
+
+    // Nobody waits: an awaited release, one sent without waiting (the
+    // attribute), a shared holder's and a guard's drop.
+    client
+        .lock(&key, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    attribute_hold(&client, &key).await.unwrap();
+    let shared = LockOptions::new(Duration::from_secs(10)).shared(true);
+    let reader = client.lock_with(&key, shared).await.unwrap();
+    assert!(reader.release().await.unwrap());
+    drop(client.lock(&key, Duration::from_secs(10)).await.unwrap());
+    eventually(
+        Duration::from_secs(5),
+        "the dropped guard's release",
+        || cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &channel]) == 0,
+    )
+    .await;
+    // A message published after them from the key's node comes first:
+    // none of them published anything.
+    let _: i64 = cluster.nodes()[primary].cmd(&["PUBLISH", &channel, "probe"]);
+    assert_eq!(next_message(&mut messages).await, "probe");
+
+    // With a waiter in another process, the release is published.
+    let waiter = patient_client(&cluster).await;
+    let held = client.lock(&key, Duration::from_secs(10)).await.unwrap();
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
+            waiter.lock_with(&key, opts).await
+        })
+    };
+    let mark = format!("{channel}:listeners");
+    eventually(
+        Duration::from_secs(5),
+        "the waiter marks that it listens",
+        || cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &mark]) == 1,
+    )
+    .await;
+    assert!(held.release().await.unwrap());
+    assert_eq!(next_message(&mut messages).await, "");
+    // Polling every 5 s, it got the key because it heard the release.
+    let guard = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter slept through the release")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// A leader's watcher on a cluster marks that it listens, so the leader's
+/// resignation is published and heard at once, not at the lease's expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_watcher_hears_the_resignation_on_a_cluster() {
+    use futures::StreamExt;
+    let cluster = RedisCluster::start(3, 0);
+    let leader = client_with(&cluster, settings()).await;
+    let watcher = client_with(&cluster, settings()).await;
+    let key = "scheduler";
+    let leading = leader.campaign(key, Duration::from_secs(10)).await.unwrap();
+    let mut leaders = Box::pin(watcher.watch_leader(key));
+    let seen = tokio::time::timeout(Duration::from_secs(5), leaders.next())
+        .await
+        .expect("a first report")
+        .expect("the watch goes on")
+        .expect("a leader");
+    assert_eq!(seen.fencing_token(), Some(leading.term()));
+    let lock_key = storage_key(PREFIX, key);
+    let primary = cluster.primary_of_key(&lock_key).unwrap().unwrap();
+    let mark = format!("{lock_key}:listeners");
+    eventually(
+        Duration::from_secs(5),
+        "the watcher marks that it listens",
+        || cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &mark]) == 1,
+    )
+    .await;
+    let resigned_at = Instant::now();
+    assert!(leading.resign().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(5), leaders.next())
+        .await
+        .expect("the vacancy was not reported before the lease's expiry")
+        .expect("the watch goes on");
+    assert!(next.is_none(), "reported {next:?} after the resignation");
+    let took = resigned_at.elapsed();
+    assert!(took < Duration::from_secs(1), "reported {took:?} after it");
 }

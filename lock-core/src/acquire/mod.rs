@@ -15,6 +15,7 @@ use crate::observe;
 use crate::options::{LockOptions, Mode};
 use crate::queue::{Front, Handoff, Next, Offered, Owner, PassOn, Position, Queues, Taken, YIELD};
 use crate::release::LetGo;
+use crate::scripts::Wake;
 use crate::token::{Holder, Token};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -164,23 +165,14 @@ impl ClientInner {
             fronts.iter().for_each(|front| front.promise(until));
         };
         let mut attempt: u32 = 0;
-        let mut subscription: Option<Subscription> = None;
-        let mut listening: Option<Arc<str>> = None;
-        let mut subscribe = false;
+        let mut listener = Listener::default();
         let mut retry = false;
         let mut came_back_at_once = false;
         loop {
-            if std::mem::take(&mut subscribe)
-                && let Some(key) = &listening
-            {
-                let limit = inner
-                    .op_timeout
-                    .min(request.deadline.saturating_duration_since(Instant::now()));
-                promise(limit);
-                subscription = inner.wakeups.subscribe(key, limit).await;
-            }
+            listener.prepare(inner, request.deadline, &promise).await;
             // Listen before asking, so a release in between is not missed.
-            let mut released = std::pin::pin!(subscription.as_ref().map(Subscription::released));
+            let mut released =
+                std::pin::pin!(listener.subscription.as_ref().map(Subscription::released));
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
@@ -217,12 +209,9 @@ impl ClientInner {
                 }
                 return Err(self.contended_or_foreign(request).await);
             }
-            let held = contender.listen_on();
-            if last_error.is_none() && listening.as_ref() != Some(held) {
+            if last_error.is_none() && listener.target.follow(contender.listen_on()) {
                 // Held elsewhere: from now on, hear its release, and ask
                 // again at once in case it came before we listened.
-                listening = Some(held.clone());
-                subscribe = true;
                 continue;
             }
             // A holder that stopped (crashed, or a client that publishes
@@ -244,7 +233,8 @@ impl ClientInner {
             };
             let pause = backoff
                 .min(free_in.unwrap_or(Duration::MAX))
-                .min(request.deadline.saturating_duration_since(Instant::now()));
+                .min(request.deadline.saturating_duration_since(Instant::now()))
+                .min(listener.heard_for());
             attempt = attempt.saturating_add(1);
             observe::retry(request.key, attempt, pause);
             promise(pause);
@@ -325,6 +315,110 @@ async fn pause_or_hear<F: std::future::Future>(
             return;
         }
         wake_at = pause_end;
+    }
+}
+
+/// How long a waiter's listeners mark lasts at most (see
+/// [`Wake::Listeners`]); it is set again before an attempt once less than
+/// half of that is left.
+const LISTEN_FOR: Duration = Duration::from_secs(30);
+
+/// How long a listeners mark outlasts the wait it is set for.
+const LISTEN_MARGIN: Duration = Duration::from_secs(1);
+
+/// What a waiter listens on: the release messages of the key its last
+/// attempt found held, and, on a cluster, the mark that has that key's
+/// releases publish them.
+#[derive(Default)]
+pub(crate) struct Listener {
+    pub(crate) target: Target,
+    pub(crate) subscription: Option<Subscription>,
+    /// Until when the listeners mark lasts, once set.
+    marked: Option<Instant>,
+}
+
+/// The key a waiter listens for.
+#[derive(Default)]
+pub(crate) struct Target {
+    /// The key found held.
+    pub(crate) key: Option<Arc<str>>,
+    /// Subscribe before the next attempt.
+    subscribe: bool,
+}
+
+impl Target {
+    /// Listens for `held`'s release from now on: whether that is new, so
+    /// that the caller asks again at once, in case the release came before
+    /// it listened.
+    pub(crate) fn follow(&mut self, held: &Arc<str>) -> bool {
+        if self.key.as_ref() == Some(held) {
+            return false;
+        }
+        self.key = Some(held.clone());
+        self.subscribe = true;
+        true
+    }
+}
+
+impl Listener {
+    /// Subscribes again before the next attempt (the connection may have
+    /// dropped the subscription).
+    pub(crate) fn renew(&mut self) {
+        self.subscription = None;
+        self.target.subscribe = self.target.key.is_some();
+    }
+
+    /// Before an attempt: subscribes when [`Target::follow`] asked
+    /// for it, and where a release publishes only to marked listeners (a
+    /// cluster), marks that this waiter listens, for as long as its wait
+    /// may last (at most [`LISTEN_FOR`], then again). Marked before the
+    /// attempt, so a release after it is published. Should marking fail,
+    /// the waiter drops its subscription and comes back on its timer, as
+    /// when it cannot subscribe. `promise` is told how long each step may
+    /// take.
+    pub(crate) async fn prepare(
+        &mut self,
+        inner: &ClientInner,
+        deadline: Instant,
+        promise: &impl Fn(Duration),
+    ) {
+        let Some(key) = &self.target.key else {
+            return;
+        };
+        let left = |now: Instant| deadline.saturating_duration_since(now);
+        if std::mem::take(&mut self.target.subscribe) {
+            let limit = inner.op_timeout.min(left(Instant::now()));
+            promise(limit);
+            self.subscription = inner.wakeups.subscribe(key, limit).await;
+            self.marked = None;
+        }
+        if self.subscription.is_none() || inner.backend.wake() != Wake::Listeners {
+            return;
+        }
+        let now = Instant::now();
+        let needed = left(now).min(LISTEN_FOR / 2);
+        if self.marked.is_some_and(|until| until >= now + needed) {
+            return;
+        }
+        let how_long = (left(now) + LISTEN_MARGIN).min(LISTEN_FOR);
+        let limit = inner.op_timeout.min(left(now));
+        promise(limit);
+        match inner.backend.listen(key, how_long, limit).await {
+            Ok(()) => self.marked = Some(now + how_long),
+            Err(_) => {
+                self.subscription = None;
+                self.marked = None;
+            }
+        }
+    }
+
+    /// How long a pause may last with its release heard: until the mark
+    /// runs out, where one is needed.
+    pub(crate) fn heard_for(&self) -> Duration {
+        match (&self.subscription, self.marked) {
+            (Some(_), Some(until)) => until.saturating_duration_since(Instant::now()),
+            _ => Duration::MAX,
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 use super::node::{Conn, redact};
 use super::{LockCommands, LockKeys, MinReplicas, Node, Server, Several};
 use crate::error::{ErrorKind, LockError, TimedOut, from_redis};
+use crate::scripts::Wake;
 use crate::token::Token;
 use arc_swap::ArcSwapOption;
 use futures::future::BoxFuture;
@@ -212,7 +213,11 @@ impl ClusterNode {
     ) -> Result<(), LockError> {
         if let Some(primary) = self.settled_primary(key) {
             let started = Instant::now();
-            if primary.send_release(key, token, limit).await.is_ok() {
+            if primary
+                .send_release(key, token, Wake::Listeners, limit)
+                .await
+                .is_ok()
+            {
                 return Ok(());
             }
             self.routes.stale();
@@ -227,7 +232,7 @@ impl ClusterNode {
     /// or the primary's connection cannot take it now.
     pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
         self.settled_primary(key)
-            .is_some_and(|primary| primary.release_now(key, token))
+            .is_some_and(|primary| primary.release_now(key, token, Wake::Listeners))
     }
 }
 
@@ -547,6 +552,12 @@ impl Server for ClusterNode {
 
     fn min_replicas(&self) -> Option<MinReplicas> {
         self.min_replicas
+    }
+
+    /// A cluster sends every `PUBLISH` to all its nodes: only a release
+    /// somebody listens for publishes.
+    fn wake(&self) -> Wake {
+        Wake::Listeners
     }
 
     fn call<'a, T, F, Fut>(

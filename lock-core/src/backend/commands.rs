@@ -6,7 +6,7 @@ use super::{
 };
 use crate::error::{ErrorKind, LockError};
 use crate::lease::fence_retention;
-use crate::scripts::{self, Eval};
+use crate::scripts::{self, Eval, Wake};
 use crate::token::Token;
 use futures::StreamExt;
 use futures::future::join_all;
@@ -299,15 +299,30 @@ pub(crate) trait LockCommands: Server {
     ) -> Result<bool, LockError> {
         let released: i64 = self
             .call(limit, true, |mut conn| {
-                let mut inv = Eval::new(&scripts::RELEASE, 1);
-                inv.key(key).arg(token);
-                if !publish {
-                    inv.arg("quiet");
-                }
+                let wake = if publish { self.wake() } else { Wake::Nobody };
+                let inv = scripts::release_call(key, token, wake);
                 async move { inv.invoke(&mut conn).await }
             })
             .await?;
         Ok(released == 1)
+    }
+
+    /// Marks that a waiter of this client listens for `key`'s release, for
+    /// `how_long` at least (see [`Wake::Listeners`]).
+    async fn listen(
+        &self,
+        key: &str,
+        how_long: Duration,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        self.call(limit, true, |mut conn| {
+            let mut inv = Eval::new(&scripts::LISTEN, 1);
+            inv.key(scripts::listeners_key(key))
+                .arg(ttl_millis(how_long));
+            async move { inv.invoke::<i64>(&mut conn).await }
+        })
+        .await
+        .map(drop)
     }
 
     /// Raises the fence counter to at least `fence` while our lock is held
@@ -444,11 +459,17 @@ pub(crate) trait LockCommands: Server {
     ) -> Result<bool, LockError> {
         let released: i64 = self
             .call(limit, true, |mut conn| {
-                let mut inv = Eval::new(&scripts::SHARED_RELEASE, 2);
-                inv.key(keys.lock)
-                    .key(keys.holders)
-                    .arg(token)
-                    .arg(keys.marker);
+                let mut inv;
+                if self.wake() == Wake::Listeners {
+                    inv = Eval::new(&scripts::SHARED_RELEASE, 3);
+                    inv.key(keys.lock)
+                        .key(keys.holders)
+                        .key(scripts::listeners_key(keys.lock));
+                } else {
+                    inv = Eval::new(&scripts::SHARED_RELEASE, 2);
+                    inv.key(keys.lock).key(keys.holders);
+                }
+                inv.arg(token).arg(keys.marker);
                 async move { inv.invoke(&mut conn).await }
             })
             .await?;

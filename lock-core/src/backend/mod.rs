@@ -48,6 +48,7 @@ pub(crate) use wakeup::{Subscription, Wakeups};
 
 use crate::error::LockError;
 use crate::observe;
+use crate::scripts::Wake;
 use crate::token::Token;
 use futures::future::join_all;
 use majority::{Decision, OnSplit, Vote};
@@ -276,7 +277,7 @@ impl Backend {
         limit: Duration,
     ) -> Result<(), LockError> {
         match self {
-            Backend::Single(node) => node.send_release(key, token, limit).await,
+            Backend::Single(node) => node.send_release(key, token, Wake::Everyone, limit).await,
             Backend::Redlock(quorum) => quorum.send_release(key, token, limit).await,
             Backend::Cluster(node) => node.send_release(key, token, limit).await,
             Backend::Memory(store) => {
@@ -293,7 +294,7 @@ impl Backend {
     /// process about to exit, a thread outside any runtime.
     pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
         match self {
-            Backend::Single(node) => node.release_now(key, token),
+            Backend::Single(node) => node.release_now(key, token, Wake::Everyone),
             Backend::Redlock(quorum) => quorum.release_now(key, token),
             Backend::Cluster(node) => node.release_now(key, token),
             Backend::Memory(store) => {
@@ -348,6 +349,30 @@ impl Backend {
             Backend::Cluster(node) => node.key_type(key, limit).await.ok().and_then(foreign),
             Backend::Redlock(quorum) => quorum.key_type(key, ttl, limit).await.and_then(foreign),
             Backend::Memory(_) => None,
+        }
+    }
+
+    /// Whom a release tells (see [`Wake`]): on a cluster, only waiters
+    /// that marked that they listen, with [`listen`](Self::listen).
+    pub(crate) fn wake(&self) -> Wake {
+        match self {
+            Backend::Cluster(node) => node.wake(),
+            _ => Wake::Everyone,
+        }
+    }
+
+    /// Marks that a waiter listens for `key`'s release, for `how_long` at
+    /// least, where releases publish only then ([`Wake::Listeners`]); does
+    /// nothing elsewhere.
+    pub(crate) async fn listen(
+        &self,
+        key: &str,
+        how_long: Duration,
+        limit: Duration,
+    ) -> Result<(), LockError> {
+        match self {
+            Backend::Cluster(node) => node.listen(key, how_long, limit).await,
+            _ => Ok(()),
         }
     }
 

@@ -6,7 +6,7 @@ use super::connection::{self, Failure, Opens, SharedConnection, TakesCalls};
 use super::wire::{TlsConfig, Wire};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
-use crate::scripts::{self, Eval};
+use crate::scripts::{self, Wake};
 use crate::token::Token;
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -427,11 +427,11 @@ impl Node {
         &self,
         key: &str,
         token: &Token,
+        wake: Wake,
         limit: Duration,
     ) -> Result<(), LockError> {
         self.call(limit, false, |conn| async move {
-            let mut inv = Eval::new(&scripts::RELEASE, 1);
-            inv.key(key).arg(token);
+            let inv = scripts::release_call(key, token, wake);
             match conn {
                 Conn::Wire(wire) if wire.scripts_loaded() => {
                     wire.send_unheard(inv.cmd(), observe::unheard_release).await
@@ -459,11 +459,10 @@ impl Node {
     /// now. Only over lock-core's own connection, open and with its
     /// scripts loaded; otherwise `false`, and the caller releases some
     /// other way (the command is safe to repeat).
-    pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
+    pub(crate) fn release_now(&self, key: &str, token: &Token, wake: Wake) -> bool {
         match self.connection.current() {
             Some(Conn::Wire(wire)) if wire.scripts_loaded() => {
-                let mut inv = Eval::new(&scripts::RELEASE, 1);
-                inv.key(key).arg(token);
+                let inv = scripts::release_call(key, token, wake);
                 wire.send_unheard_now(inv.cmd(), observe::unheard_release)
             }
             _ => false,

@@ -60,6 +60,7 @@ use super::{Attempt, LockKeys, Node, RenewOutcome, Renewable, Several};
 use crate::error::{ErrorKind, LockError, NodeError, QuorumFailure};
 use crate::lease::drift;
 use crate::observe;
+use crate::scripts::Wake;
 use crate::token::{Holder, Token};
 use futures::future::join_all;
 use std::future::Future;
@@ -473,7 +474,11 @@ impl Quorum {
         let key: Arc<str> = key.into();
         let calls = self.each_node(|nodes, i| {
             let (key, token) = (key.clone(), token.clone());
-            async move { nodes[i].send_release(&key, &token, per_node).await }
+            async move {
+                nodes[i]
+                    .send_release(&key, &token, Wake::Everyone, per_node)
+                    .await
+            }
         });
         let answers = self.gather(calls, Vote::answered, OnSplit::Wait).await;
         let written = answers.iter().filter(|a| matches!(a, Some(Ok(())))).count();
@@ -496,7 +501,7 @@ impl Quorum {
         let unsent = self
             .nodes
             .iter()
-            .filter(|node| !node.release_now(key, token));
+            .filter(|node| !node.release_now(key, token, Wake::Everyone));
         unsent.count() == 0
     }
 

@@ -8,6 +8,7 @@
 
 use super::MinReplicas;
 use crate::error::LockError;
+use crate::scripts::Wake;
 use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use std::future::Future;
@@ -23,6 +24,12 @@ pub(crate) trait Server: Sync {
 
     /// `WAIT n timeout` after each acquisition, when set.
     fn min_replicas(&self) -> Option<MinReplicas>;
+
+    /// Whom a release here tells: everyone subscribed, or (a cluster) only
+    /// while a waiter has marked that it listens.
+    fn wake(&self) -> Wake {
+        Wake::Everyone
+    }
 
     /// Runs `f` on the shared connection, bounded by `limit` in all
     /// (waiting for a connection included). A broken connection is

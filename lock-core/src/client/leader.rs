@@ -11,6 +11,7 @@
 
 use super::LockClient;
 use super::operators::LockState;
+use crate::acquire::Listener;
 use crate::backend::Subscription;
 use crate::error::{ErrorKind, LockError, LossReason, TimedOut};
 use crate::guard::LockGuard;
@@ -36,6 +37,11 @@ const MIN_ROUND: Duration = Duration::from_millis(100);
 /// The first pause of a watcher that finds nobody leading: short, since a
 /// campaigner usually takes over within milliseconds of a release.
 const FIRST_LOOK: Duration = Duration::from_millis(5);
+
+/// How long a watcher's wait is taken to last, for its listeners mark (a
+/// cluster; see [`Listener::prepare`]): the mark is kept up for as long as
+/// the watcher is polled.
+const WATCHED_FOR: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Leading an election: a fenced lease on its key, renewed while held.
 ///
@@ -297,7 +303,7 @@ impl LockClient {
         let watch = Watch {
             client: self.clone(),
             key: key.to_owned(),
-            subscription: None,
+            listener: Listener::default(),
             last: None,
             idle_cap: Duration::from_secs(1),
         };
@@ -312,7 +318,8 @@ impl LockClient {
 struct Watch {
     client: LockClient,
     key: String,
-    subscription: Option<Subscription>,
+    /// The key's release messages.
+    listener: Listener,
     /// The leader last reported (term and holder), `None` inside when
     /// nobody led; the outer `None` before the first report.
     last: Option<Option<(Option<u64>, Option<String>)>>,
@@ -329,10 +336,10 @@ impl Watch {
             if failures > 0 {
                 // The read failed: the connection may be gone, and the
                 // subscription with it; make a new one.
-                self.subscription = None;
+                self.listener.renew();
             }
             self.listen().await;
-            let subscription = self.subscription.as_ref();
+            let subscription = self.listener.subscription.as_ref();
             // Listen before asking, so a release in between is not missed.
             let mut released = pin!(subscription.map(Subscription::released));
             if let Some(released) = released.as_mut().as_pin_mut() {
@@ -375,6 +382,8 @@ impl Watch {
                         .max(UNAVAILABLE_PAUSE)
                 }
             };
+            // Back before the mark that has releases heard runs out.
+            let pause = pause.min(self.listener.heard_for());
             match released.as_mut().as_pin_mut() {
                 Some(released) => {
                     if tokio::time::timeout(pause, released).await.is_ok() {
@@ -388,17 +397,18 @@ impl Watch {
         }
     }
 
-    /// Subscribes to the key's release messages, if not yet.
+    /// Subscribes to the key's release messages, if not yet, and keeps
+    /// the mark that has its releases published on a cluster (see
+    /// [`Listener::prepare`]). A watcher waits for as long as it is
+    /// polled.
     async fn listen(&mut self) {
-        if self.subscription.is_some() {
-            return;
-        }
         let inner = &self.client.inner;
-        if let Ok(storage_key) = inner.storage_key(&self.key) {
-            self.subscription = inner
-                .wakeups
-                .subscribe(&storage_key, inner.op_timeout)
-                .await;
+        if self.listener.target.key.is_none()
+            && let Ok(storage_key) = inner.shared_storage_key(&self.key)
+        {
+            self.listener.target.follow(&storage_key);
         }
+        let forever = Instant::now() + WATCHED_FOR;
+        self.listener.prepare(inner, forever, &|_| {}).await;
     }
 }

@@ -26,5 +26,7 @@ if pttl > 0 and evicted ~= "" then
   end
   redis.call("SET", KEYS[3], evicted, "PX", pttl)
 end
-redis.call("PUBLISH", KEYS[1], "")
+if not KEYS[4] or redis.call("EXISTS", KEYS[4]) == 1 then
+  redis.call("PUBLISH", KEYS[1], "")
+end
 return {1, value, count, left}

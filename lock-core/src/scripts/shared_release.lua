@@ -11,5 +11,7 @@ end
 redis.call("ZREM", KEYS[2], ARGV[1])
 redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", now)
 stretch(KEYS[1], KEYS[2], ARGV[2], now)
-redis.call("PUBLISH", KEYS[1], "")
+if not KEYS[3] or redis.call("EXISTS", KEYS[3]) == 1 then
+  redis.call("PUBLISH", KEYS[1], "")
+end
 return ours
