@@ -97,15 +97,16 @@ type Reply = RedisResult<Value>;
 /// How much room a read asks for at least.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Queued commands go out at once when they reach this many bytes (about a
-/// dozen lock commands), without waiting for the flush after a yield. With
+/// Queued commands go out at once when they reach this many bytes (about
+/// fifty lock commands), without waiting for the flush after a yield. With
 /// many tasks on one connection, waiting for every task that runs to queue
 /// its command sends the commands of a whole wave of replies in one write:
 /// the server idles while the client works through the wave, then the
-/// client while the server does. Writing every kilobyte keeps both busy
-/// (lock-bench's W2 row shows the effect; lock-bench/RESULTS.md says how it was
-/// chosen).
-const FLUSH_AT: usize = 1024;
+/// client while the server does. Writing every few kilobytes keeps both
+/// busy; smaller writes cost each side a system call (on loopback, the
+/// delivery too) for a handful of commands (lock-bench's W2 row shows the
+/// effect; lock-bench/RESULTS.md says how it was chosen).
+const FLUSH_AT: usize = 4 * 1024;
 
 /// How long the holder of the read turn may read nothing, while others wait
 /// for replies, before one of them takes the turn over. A reader that is
