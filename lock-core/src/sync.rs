@@ -1,9 +1,10 @@
 //! What the state handed between tasks is made of (a waiter's hand-off
-//! slot, a kept acquisition's watch): std's mutex and atomics and futures'
-//! waker cell, or loom's when the model tests run (`RUSTFLAGS="--cfg
-//! lock_core_loom" cargo test -p lock-core --lib model::`), so that loom
-//! runs the real code through every interleaving of its steps. Only a test
-//! build takes loom's: the library itself builds the same with the cfg.
+//! slot, a kept acquisition's watch, the connection's read turn): std's
+//! mutex and atomics and futures' waker cell, or loom's when the model
+//! tests run (`RUSTFLAGS="--cfg lock_core_loom" cargo test -p lock-core
+//! --lib model::`), so that loom runs the real code through every
+//! interleaving of its steps. Only a test build takes loom's: the library
+//! itself builds the same with the cfg.
 
 #[cfg(all(test, lock_core_loom))]
 pub(crate) use loom::{

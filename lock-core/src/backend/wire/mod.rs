@@ -45,8 +45,8 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use std::collections::VecDeque;
 use std::io;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 use tokio::io::Interest;
@@ -55,6 +55,8 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use crate::scripts;
+// Loom's in the model tests (see `model` below).
+use crate::sync::{AtomicU64, Mutex, MutexGuard};
 
 #[cfg(feature = "tls")]
 mod tls;
@@ -252,7 +254,7 @@ impl Wire {
                 stream,
                 tls,
                 db: settings.db(),
-                state: Mutex::default(),
+                state: Mutex::new(State::default()),
                 scripts_loaded: AtomicBool::new(false),
                 read_buf: Mutex::new(ReadBuf {
                     buf: vec![0; READ_CHUNK],
@@ -675,31 +677,19 @@ impl Inner {
             freed.as_mut().enable();
             {
                 let mut state = self.state();
-                let reader = state
-                    .turn
-                    .map(|reader| (reader, self.reads.load(Ordering::Acquire)));
-                match reader {
-                    // Nobody reads, or the reader made no progress since
-                    // this waiter started watching it a stall ago.
-                    None => {
-                        state.turn = Some(me);
-                        state.reader = None;
-                        return None;
-                    }
-                    Some(seen) if watched == Some(seen) && stall_over(stall.as_mut()) => {
-                        state.turn = Some(me);
-                        let taken_from = state.reader.take();
+                let reads = self.reads.load(Ordering::Acquire);
+                match state.look_at_turn(me, reads, &mut watched, stall_over(stall.as_mut())) {
+                    Look::Take { from } => {
                         drop(state);
-                        if let Some(task) = taken_from {
+                        if let Some(task) = from {
                             task.wake();
                         }
                         return None;
                     }
-                    Some(seen) if watched != Some(seen) => {
-                        watched = Some(seen);
+                    Look::Watch => {
                         stall.set(Some(tokio::time::sleep_until(Instant::now() + STALL)));
                     }
-                    Some(_) => {}
+                    Look::Wait => {}
                 }
             }
             let woke = std::future::poll_fn(|cx| {
@@ -724,11 +714,7 @@ impl Inner {
 
     /// Gives up the read turn, if `me` still has it, and wakes a waiter.
     fn pass_turn(&self, me: u64) {
-        let mut state = self.state();
-        if state.turn == Some(me) {
-            state.turn = None;
-            state.reader = None;
-            drop(state);
+        if self.state().give_up_turn(me) {
             self.turn_free.notify_one();
         }
     }
@@ -876,36 +862,45 @@ impl Inner {
 
     /// Hands every complete reply in the buffer to its caller.
     fn dispatch(&self, reader: &mut ReadBuf) -> io::Result<()> {
-        while let Some((value, len)) = parse(&reader.buf[reader.start..reader.end])? {
-            reader.start += len;
-            let waiter = {
-                let mut state = self.state();
-                if state.broken.is_some() {
-                    // Another task failed the connection meanwhile (and
-                    // failed the callers these replies were for); `fail`
-                    // reports its error.
-                    return Err(io::ErrorKind::ConnectionAborted.into());
+        dispatch(&self.state, &self.scripts_loaded, reader)
+    }
+}
+
+/// [`Inner::dispatch`], over the parts of the connection it uses.
+fn dispatch(
+    state: &Mutex<State>,
+    scripts_loaded: &AtomicBool,
+    reader: &mut ReadBuf,
+) -> io::Result<()> {
+    while let Some((value, len)) = parse(&reader.buf[reader.start..reader.end])? {
+        reader.start += len;
+        let waiter = {
+            let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.broken.is_some() {
+                // Another task failed the connection meanwhile (and
+                // failed the callers these replies were for); `fail`
+                // reports its error.
+                return Err(io::ErrorKind::ConnectionAborted.into());
+            }
+            state.next_waiter()
+        };
+        let Some(waiter) = waiter else {
+            return Err(protocol("a reply that no command asked for"));
+        };
+        match waiter {
+            // The caller may have given up (timed out); its reply goes.
+            Waiter::Caller(tx) => {
+                let _ = tx.send(Ok(value));
+            }
+            Waiter::Unheard(hear) => {
+                if is_noscript(&value) {
+                    scripts_loaded.store(false, Ordering::Relaxed);
                 }
-                state.next_waiter()
-            };
-            let Some(waiter) = waiter else {
-                return Err(protocol("a reply that no command asked for"));
-            };
-            match waiter {
-                // The caller may have given up (timed out); its reply goes.
-                Waiter::Caller(tx) => {
-                    let _ = tx.send(Ok(value));
-                }
-                Waiter::Unheard(hear) => {
-                    if is_noscript(&value) {
-                        self.scripts_loaded.store(false, Ordering::Relaxed);
-                    }
-                    hear(Ok(value))
-                }
+                hear(Ok(value))
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// [`Inner::flush`] over TLS: every unsent byte goes to the session, which
@@ -983,7 +978,63 @@ fn read_io<R>(
     }
 }
 
+/// What a caller waiting for its reply does about the read turn, after a
+/// look at it ([`State::look_at_turn`]).
+enum Look {
+    /// It has the turn now, taken over from the task in `from` (to be woken
+    /// so that it waits like the others), if any.
+    Take { from: Option<Waker> },
+    /// It watches a reader it had not seen: the stall timer starts.
+    Watch,
+    /// It goes on waiting.
+    Wait,
+}
+
 impl State {
+    /// Caller `me`, waiting for its reply, looks at the read turn, with the
+    /// connection's read count at `reads`: takes it when nobody reads, or
+    /// when the reader it watches (`watched`: reader and read count when it
+    /// started watching) has read nothing since and `stalled` says a stall
+    /// has passed; otherwise starts watching the reader it sees now.
+    fn look_at_turn(
+        &mut self,
+        me: u64,
+        reads: u64,
+        watched: &mut Option<(u64, u64)>,
+        stalled: bool,
+    ) -> Look {
+        let seen = match self.turn {
+            None => {
+                self.turn = Some(me);
+                self.reader = None;
+                return Look::Take { from: None };
+            }
+            Some(reader) => (reader, reads),
+        };
+        if *watched != Some(seen) {
+            *watched = Some(seen);
+            return Look::Watch;
+        }
+        if !stalled {
+            return Look::Wait;
+        }
+        self.turn = Some(me);
+        Look::Take {
+            from: self.reader.take(),
+        }
+    }
+
+    /// Caller `me` gives the read turn up, if it has it: whether it had
+    /// (a waiter is then woken to take it).
+    fn give_up_turn(&mut self, me: u64) -> bool {
+        if self.turn != Some(me) {
+            return false;
+        }
+        self.turn = None;
+        self.reader = None;
+        true
+    }
+
     /// Queues where the reply of the command just queued goes.
     fn expect(&mut self, waiter: Waiter) {
         if matches!(waiter, Waiter::Caller(_)) {
@@ -1156,6 +1207,224 @@ impl ConnectionLike for Wire {
 
     fn get_db(&self) -> i64 {
         self.inner.db
+    }
+}
+
+/// Model tests of the read turn and of how replies reach their callers,
+/// with loom: callers of one connection queue their commands and wait for
+/// their replies, taking turns at reading for everyone, through every
+/// interleaving of their steps. The steps are the connection's own: the
+/// look at the turn ([`State::look_at_turn`]), giving it up
+/// ([`State::give_up_turn`]), reading into the buffer and routing each
+/// reply in order ([`dispatch`]). The waits between them (for the socket,
+/// the stall timer, the turn's wake-up) are spins here, and a watched
+/// reader counts as stalled at the third look that finds it unchanged.
+/// Callers are patient, kept (never polled again once they hold the
+/// turn) or dropped after some number of steps; every caller still
+/// waiting gets its own reply, and no reply goes astray. `scripts/test`
+/// runs them: `RUSTFLAGS="--cfg lock_core_loom" cargo test -p lock-core
+/// --lib model::`.
+#[cfg(all(test, lock_core_loom))]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod model {
+    use super::*;
+
+    /// The shared parts of one connection, and a server that answers each
+    /// command at once, in order: caller `n`'s reply is the integer `n`.
+    struct Conn {
+        state: Mutex<State>,
+        read_buf: Mutex<ReadBuf>,
+        reads: AtomicU64,
+        scripts_loaded: AtomicBool,
+        /// What the server answered and no reader took yet.
+        socket: Mutex<Vec<u8>>,
+    }
+
+    /// How a caller behaves.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Caller {
+        /// Waits until its reply is in.
+        Patient,
+        /// Never polled again once it holds the read turn: keeps it.
+        Kept,
+        /// Its future is dropped after this many steps.
+        DroppedAfter(usize),
+    }
+
+    /// What became of a caller.
+    #[derive(Debug)]
+    enum Outcome {
+        Replied(Value),
+        /// Kept or dropped; a kept caller's receiver lives on.
+        Gone {
+            _receiver: Option<oneshot::Receiver<Reply>>,
+        },
+    }
+
+    impl Conn {
+        fn new() -> Conn {
+            Conn {
+                state: Mutex::new(State::default()),
+                read_buf: Mutex::new(ReadBuf {
+                    buf: Vec::new(),
+                    start: 0,
+                    end: 0,
+                }),
+                reads: AtomicU64::new(0),
+                scripts_loaded: AtomicBool::new(true),
+                socket: Mutex::new(Vec::new()),
+            }
+        }
+
+        /// Queues caller `id`'s command; the server answers it after the
+        /// ones queued before.
+        fn send(&self, id: u64) -> oneshot::Receiver<Reply> {
+            let mut state = self.state.lock().unwrap();
+            let (tx, rx) = oneshot::channel();
+            state.expect(Waiter::Caller(tx));
+            let mut socket = self.socket.lock().unwrap();
+            socket.extend_from_slice(format!(":{id}\r\n").as_bytes());
+            rx
+        }
+
+        /// The reader's step: what the socket holds goes into the buffer,
+        /// and every complete reply to its caller.
+        fn read(&self) {
+            let mut reader = self.read_buf.lock().unwrap();
+            let bytes = std::mem::take(&mut *self.socket.lock().unwrap());
+            if !bytes.is_empty() {
+                reader.compact();
+                let end = reader.end;
+                reader.buf[end..end + bytes.len()].copy_from_slice(&bytes);
+                reader.end += bytes.len();
+                self.reads.fetch_add(1, Ordering::Release);
+            }
+            dispatch(&self.state, &self.scripts_loaded, &mut reader).unwrap();
+        }
+
+        /// Caller `me` waits for the reply `rx` is for, as `caller` does.
+        fn receive(&self, me: u64, mut rx: oneshot::Receiver<Reply>, caller: Caller) -> Outcome {
+            let mut watched = None;
+            let mut stalled = false;
+            let mut steps = 0;
+            loop {
+                if let Ok(reply) = rx.try_recv() {
+                    return Outcome::Replied(reply.unwrap());
+                }
+                if caller == Caller::DroppedAfter(steps) {
+                    return Outcome::Gone { _receiver: None };
+                }
+                steps += 1;
+                let reads = self.reads.load(Ordering::Acquire);
+                let look =
+                    self.state
+                        .lock()
+                        .unwrap()
+                        .look_at_turn(me, reads, &mut watched, stalled);
+                match look {
+                    Look::Take { .. } if caller == Caller::Kept => {
+                        return Outcome::Gone {
+                            _receiver: Some(rx),
+                        };
+                    }
+                    Look::Take { .. } => {
+                        if let Some(outcome) =
+                            self.read_for_everyone(me, &mut rx, caller, &mut steps)
+                        {
+                            return outcome;
+                        }
+                        stalled = false;
+                    }
+                    Look::Watch => stalled = false,
+                    Look::Wait => stalled = true,
+                }
+                loom::thread::yield_now();
+            }
+        }
+
+        /// Caller `me` holds the read turn: reads until its reply is in,
+        /// its future is dropped (giving the turn up, as `Turn` does) or
+        /// the turn is taken over (`None`: it waits again).
+        fn read_for_everyone(
+            &self,
+            me: u64,
+            rx: &mut oneshot::Receiver<Reply>,
+            caller: Caller,
+            steps: &mut usize,
+        ) -> Option<Outcome> {
+            loop {
+                self.read();
+                if let Ok(reply) = rx.try_recv() {
+                    self.state.lock().unwrap().give_up_turn(me);
+                    return Some(Outcome::Replied(reply.unwrap()));
+                }
+                if self.state.lock().unwrap().turn != Some(me) {
+                    return None;
+                }
+                if caller == Caller::DroppedAfter(*steps) {
+                    self.state.lock().unwrap().give_up_turn(me);
+                    return Some(Outcome::Gone { _receiver: None });
+                }
+                *steps += 1;
+                loom::thread::yield_now();
+            }
+        }
+    }
+
+    /// Runs `callers` on one connection, each on a thread of its own, and
+    /// checks that each that waited to the end got its own reply.
+    fn run(callers: &'static [Caller]) {
+        loom::model(move || {
+            let conn = Arc::new(Conn::new());
+            let threads: Vec<_> = callers
+                .iter()
+                .enumerate()
+                .map(|(i, caller)| {
+                    let (conn, caller, id) = (conn.clone(), *caller, i as u64 + 1);
+                    loom::thread::spawn(move || {
+                        let rx = conn.send(id);
+                        (id, caller, conn.receive(id, rx, caller))
+                    })
+                })
+                .collect();
+            let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            for (id, caller, outcome) in outcomes {
+                match (caller, outcome) {
+                    (_, Outcome::Replied(value)) => {
+                        assert_eq!(
+                            value,
+                            Value::Int(id as i64),
+                            "caller {id} got another's reply"
+                        )
+                    }
+                    (Caller::Patient, outcome) => panic!("caller {id} ended with {outcome:?}"),
+                    (_, Outcome::Gone { .. }) => {}
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn patient_callers_each_get_their_own_reply() {
+        run(&[Caller::Patient, Caller::Patient, Caller::Patient]);
+    }
+
+    #[test]
+    fn a_caller_kept_with_the_turn_is_taken_over() {
+        run(&[Caller::Kept, Caller::Patient, Caller::Patient]);
+    }
+
+    #[test]
+    fn a_caller_dropped_at_any_step_holds_nobody_up() {
+        static DROPPED: [[Caller; 3]; 4] = [
+            [Caller::DroppedAfter(0), Caller::Patient, Caller::Patient],
+            [Caller::DroppedAfter(1), Caller::Patient, Caller::Patient],
+            [Caller::DroppedAfter(2), Caller::Patient, Caller::Patient],
+            [Caller::DroppedAfter(3), Caller::Patient, Caller::Patient],
+        ];
+        for callers in &DROPPED {
+            run(callers);
+        }
     }
 }
 
