@@ -403,10 +403,13 @@ impl Watch {
     /// polled.
     async fn listen(&mut self) {
         let inner = &self.client.inner;
-        if self.listener.target.key.is_none()
-            && let Ok(storage_key) = inner.shared_storage_key(&self.key)
-        {
-            self.listener.target.follow(&storage_key);
+        if self.listener.target.key.is_none() {
+            if let Ok(storage_key) = inner.shared_storage_key(&self.key) {
+                self.listener.target.follow(&storage_key);
+            }
+        } else if self.listener.subscription.is_none() {
+            // Subscribing (or marking) failed last time: again.
+            self.listener.renew();
         }
         let forever = Instant::now() + WATCHED_FOR;
         self.listener.prepare(inner, forever, &|_| {}).await;
