@@ -5,7 +5,7 @@ use crate::support::{client_with, eventually, slow_backoff, storage_key, subscri
 use lock_core::{
     LockClient, LockClientBuilder, LockError, LockOptions, current_lock, distributed_lock,
 };
-use lock_testkit::RedisCluster;
+use lock_testkit::{RedisCluster, RedisServer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -528,6 +528,14 @@ async fn next_message(messages: &mut (impl futures::Stream<Item = redis::Msg> + 
     message.get_payload().unwrap()
 }
 
+/// Waits, at most `bound`, until `node` holds the listeners mark `mark`.
+async fn marked(node: &RedisServer, mark: &str, bound: Duration) {
+    eventually(bound, &format!("{mark} is set"), || {
+        node.cmd::<i64>(&["EXISTS", mark]) == 1
+    })
+    .await;
+}
+
 /// A cluster sends every `PUBLISH` to all its nodes. A release that no
 /// waiter of another process listens for publishes nothing there; one
 /// that a waiter listens for still does, and wakes it.
@@ -580,12 +588,7 @@ async fn only_a_release_somebody_listens_for_is_published_on_a_cluster() {
         })
     };
     let mark = format!("{channel}:listeners");
-    eventually(
-        Duration::from_secs(5),
-        "the waiter marks that it listens",
-        || cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &mark]) == 1,
-    )
-    .await;
+    marked(&cluster.nodes()[primary], &mark, Duration::from_secs(5)).await;
     assert!(held.release().await.unwrap());
     assert_eq!(next_message(&mut messages).await, "");
     // Polling every 5 s, it got the key because it heard the release.
@@ -617,12 +620,7 @@ async fn a_leader_watcher_hears_the_resignation_on_a_cluster() {
     let lock_key = storage_key(PREFIX, key);
     let primary = cluster.primary_of_key(&lock_key).unwrap().unwrap();
     let mark = format!("{lock_key}:listeners");
-    eventually(
-        Duration::from_secs(5),
-        "the watcher marks that it listens",
-        || cluster.nodes()[primary].cmd::<i64>(&["EXISTS", &mark]) == 1,
-    )
-    .await;
+    marked(&cluster.nodes()[primary], &mark, Duration::from_secs(5)).await;
     let resigned_at = Instant::now();
     assert!(leading.resign().await.unwrap());
     let next = tokio::time::timeout(Duration::from_secs(5), leaders.next())
@@ -632,4 +630,34 @@ async fn a_leader_watcher_hears_the_resignation_on_a_cluster() {
     assert!(next.is_none(), "reported {next:?} after the resignation");
     let took = resigned_at.elapsed();
     assert!(took < Duration::from_secs(1), "reported {took:?} after it");
+}
+
+/// A listeners mark lost (a failover, a restart) is set again by its
+/// waiter within about a second, not when the mark would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_listeners_mark_is_set_again() {
+    let cluster = RedisCluster::start(3, 0);
+    let holder = client_with(&cluster, settings()).await;
+    let waiter = client_with(&cluster, settings()).await;
+    let key = "remarked";
+    let lock_key = storage_key(PREFIX, key);
+    let primary = &cluster.nodes()[cluster.primary_of_key(&lock_key).unwrap().unwrap()];
+    let mark = format!("{lock_key}:listeners");
+    let held = holder.lock(key, Duration::from_secs(30)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
+        waiter.lock_with(key, opts).await
+    });
+    marked(primary, &mark, Duration::from_secs(5)).await;
+    let _: i64 = primary.cmd(&["DEL", &mark]);
+    // Set for the whole 20 s wait, it would be set again only once less
+    // than 15 s are left.
+    marked(primary, &mark, Duration::from_secs(3)).await;
+    assert!(held.release().await.unwrap());
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the key")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
 }

@@ -326,6 +326,13 @@ const LISTEN_FOR: Duration = Duration::from_secs(30);
 /// How long a listeners mark outlasts the wait it is set for.
 const LISTEN_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long after setting its listeners mark a waiter sets it again, at its
+/// next attempt, whatever the mark has left: a mark lost with a failover
+/// or a restart (asynchronous replication, no persistence) is back that
+/// soon after, and meanwhile the waiter comes back on its backoff timer.
+/// At most one round trip a second per waiting key and process.
+const LISTEN_AGAIN: Duration = Duration::from_secs(1);
+
 /// What a waiter listens on: the release messages of the key its last
 /// attempt found held, and, on a cluster, the mark that has that key's
 /// releases publish them.
@@ -333,8 +340,8 @@ const LISTEN_MARGIN: Duration = Duration::from_secs(1);
 pub(crate) struct Listener {
     pub(crate) target: Target,
     pub(crate) subscription: Option<Subscription>,
-    /// Until when the listeners mark lasts, once set.
-    marked: Option<Instant>,
+    /// When the listeners mark was last set, and until when it lasts.
+    marked: Option<(Instant, Instant)>,
 }
 
 /// The key a waiter listens for.
@@ -371,7 +378,8 @@ impl Listener {
     /// Before an attempt: subscribes when [`Target::follow`] asked
     /// for it, and where a release publishes only to marked listeners (a
     /// cluster), marks that this waiter listens, for as long as its wait
-    /// may last (at most [`LISTEN_FOR`], then again). Marked before the
+    /// may last (at most [`LISTEN_FOR`], then again), and again every
+    /// [`LISTEN_AGAIN`] in case the mark was lost. Marked before the
     /// attempt, so a release after it is published. Should marking fail,
     /// the waiter drops its subscription and comes back on its timer, as
     /// when it cannot subscribe. `promise` is told how long each step may
@@ -397,14 +405,17 @@ impl Listener {
         }
         let now = Instant::now();
         let needed = left(now).min(LISTEN_FOR / 2);
-        if self.marked.is_some_and(|until| until >= now + needed) {
+        if self
+            .marked
+            .is_some_and(|(at, until)| until >= now + needed && now < at + LISTEN_AGAIN)
+        {
             return;
         }
         let how_long = (left(now) + LISTEN_MARGIN).min(LISTEN_FOR);
         let limit = inner.op_timeout.min(left(now));
         promise(limit);
         match inner.backend.listen(key, how_long, limit).await {
-            Ok(()) => self.marked = Some(now + how_long),
+            Ok(()) => self.marked = Some((now, now + how_long)),
             Err(_) => {
                 self.subscription = None;
                 self.marked = None;
@@ -416,7 +427,7 @@ impl Listener {
     /// runs out, where one is needed.
     pub(crate) fn heard_for(&self) -> Duration {
         match (&self.subscription, self.marked) {
-            (Some(_), Some(until)) => until.saturating_duration_since(Instant::now()),
+            (Some(_), Some((_, until))) => until.saturating_duration_since(Instant::now()),
             _ => Duration::MAX,
         }
     }
