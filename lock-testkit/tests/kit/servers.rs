@@ -24,18 +24,28 @@ fn ping_on(stream: &mut TcpStream, timeout: Duration) -> io::Result<String> {
     read_reply(stream)
 }
 
-/// Reads one short reply (a single read suffices for these replies).
+/// Reads one short reply line, however the bytes arrive.
 fn read_reply(stream: &mut TcpStream) -> io::Result<String> {
+    let mut reply = Vec::new();
     let mut buf = [0; 64];
-    let n = stream.read(&mut buf)?;
-    if n == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
+    while !reply.ends_with(b"\r\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        reply.extend_from_slice(&buf[..n]);
     }
-    Ok(String::from_utf8_lossy(&buf[..n]).trim_end().to_owned())
+    Ok(String::from_utf8_lossy(&reply).trim_end().to_owned())
 }
 
-fn is_timeout(result: &io::Result<String>) -> bool {
-    matches!(result, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+/// Asserts that `result` is a read that timed out, saying what it was
+/// otherwise.
+#[track_caller]
+fn assert_timed_out(result: io::Result<String>) {
+    assert!(
+        matches!(&result, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
+        "expected a read that times out, got {result:?}"
+    );
 }
 
 #[test]
@@ -88,7 +98,7 @@ fn pause_freezes_until_the_guard_drops() -> TestResult {
     let server = RedisServer::start();
     let guard = server.pause();
     assert!(server.is_running());
-    assert!(is_timeout(&ping(server.addr(), Duration::from_millis(300))));
+    assert_timed_out(ping(server.addr(), Duration::from_millis(300)));
     drop(guard);
     assert_eq!(ping(server.addr(), Duration::from_secs(2))?, "+PONG");
 
@@ -193,12 +203,9 @@ fn blackhole_hangs_and_heals() -> TestResult {
     assert_eq!(ping_on(&mut stream, Duration::from_secs(2))?, "+PONG");
 
     proxy.set_mode(ProxyMode::Blackhole);
-    assert!(is_timeout(&ping_on(
-        &mut stream,
-        Duration::from_millis(300)
-    )));
+    assert_timed_out(ping_on(&mut stream, Duration::from_millis(300)));
     // New connections are accepted, and hang too.
-    assert!(is_timeout(&ping(proxy.addr(), Duration::from_millis(300))));
+    assert_timed_out(ping(proxy.addr(), Duration::from_millis(300)));
 
     // The held PING goes through once the partition heals.
     proxy.set_mode(ProxyMode::Pass);
