@@ -28,7 +28,8 @@
 //! helpers that this script does not call.
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, FromRedisValue, RedisResult, Script, ToRedisArgs};
+use redis::{Cmd, FromRedisValue, RedisResult, RedisWrite, Script, ToRedisArgs, ToSingleRedisArg};
+use std::io::Write as _;
 use std::ops::Deref;
 use std::sync::LazyLock;
 
@@ -235,25 +236,45 @@ pub(crate) enum Wake {
     Nobody,
 }
 
-/// The listeners mark of a lock key (see [`Wake::Listeners`]); shares its
-/// hash slot.
-pub(crate) fn listeners_key(storage_key: &str) -> String {
-    let mut out = String::with_capacity(storage_key.len() + 10);
-    out.push_str(storage_key);
-    out.push_str(":listeners");
-    out
+/// The listeners mark of a lock key (see [`Wake::Listeners`]):
+/// `<lock key>:listeners`, in the lock key's hash slot. Written straight
+/// into the command, with no string of its own.
+#[derive(Clone, Copy)]
+pub(crate) struct ListenersKey<'a>(pub(crate) &'a str);
+
+impl ToRedisArgs for ListenersKey<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let mut arg = out.writer_for_next_arg();
+        // Writes into the command's own buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(b":listeners");
+    }
+}
+
+impl ToSingleRedisArg for ListenersKey<'_> {}
+
+/// A call of `script` over `keys`, the lock key first, that tells `wake`:
+/// with [`Wake::Listeners`] the lock key's listeners mark follows as the
+/// last key, which the release scripts publish for only while it exists.
+/// The scripts' arguments are added after.
+pub(crate) fn waking_call(script: &'static Script, keys: &[&str], wake: Wake) -> Eval {
+    let listeners = wake == Wake::Listeners;
+    let mut inv = Eval::new(script, keys.len() + usize::from(listeners));
+    for key in keys {
+        inv.key(*key);
+    }
+    if let (true, Some(lock)) = (listeners, keys.first()) {
+        inv.key(ListenersKey(lock));
+    }
+    inv
 }
 
 /// The [`RELEASE`] call of `key` by `token`, telling `wake`.
 pub(crate) fn release_call(key: &str, token: impl ToRedisArgs, wake: Wake) -> Eval {
-    let mut inv;
-    if wake == Wake::Listeners {
-        inv = Eval::new(&RELEASE, 2);
-        inv.key(key).key(listeners_key(key));
-    } else {
-        inv = Eval::new(&RELEASE, 1);
-        inv.key(key);
-    }
+    let mut inv = waking_call(&RELEASE, &[key], wake);
     inv.arg(token);
     if wake == Wake::Nobody {
         inv.arg("quiet");
@@ -577,6 +598,32 @@ mod tests {
             let hash: String = server.cmd(&["SCRIPT", "LOAD", lua.code]);
             assert_eq!(hash, lua.get_hash(), "{}", lua.code);
         }
+    }
+
+    /// The listeners mark is one key named after the lock's, so it shares
+    /// its hash slot, and the release scripts find it last.
+    #[tokio::test]
+    async fn the_listeners_mark_is_named_after_the_lock_key() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let mut listen = Eval::new(&LISTEN, 1);
+        listen.key(ListenersKey("lock:{a}")).arg(5000);
+        let listened: i64 = listen.invoke(&mut conn).await.unwrap();
+        assert_eq!(listened, 1);
+        assert!(pttl(&server, "lock:{a}:listeners") > 3000);
+
+        let call = waking_call(&RELEASE, &["lock:{a}"], Wake::Listeners);
+        let packed = String::from_utf8(call.cmd.get_packed_command()).unwrap();
+        assert!(
+            packed.ends_with("$8\r\nlock:{a}\r\n$18\r\nlock:{a}:listeners\r\n"),
+            "{packed:?}"
+        );
+        let call = waking_call(&RELEASE, &["lock:{a}"], Wake::Everyone);
+        let packed = String::from_utf8(call.cmd.get_packed_command()).unwrap();
+        assert!(
+            packed.ends_with("\r\n1\r\n$8\r\nlock:{a}\r\n"),
+            "{packed:?}"
+        );
     }
 
     #[tokio::test]

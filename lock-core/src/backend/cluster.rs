@@ -214,7 +214,7 @@ impl ClusterNode {
         if let Some(primary) = self.settled_primary(key) {
             let started = Instant::now();
             if primary
-                .send_release(key, token, Wake::Listeners, limit)
+                .send_release(key, token, self.wake(), limit)
                 .await
                 .is_ok()
             {
@@ -232,7 +232,7 @@ impl ClusterNode {
     /// or the primary's connection cannot take it now.
     pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
         self.settled_primary(key)
-            .is_some_and(|primary| primary.release_now(key, token, Wake::Listeners))
+            .is_some_and(|primary| primary.release_now(key, token, self.wake()))
     }
 }
 

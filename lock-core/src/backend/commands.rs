@@ -317,7 +317,7 @@ pub(crate) trait LockCommands: Server {
     ) -> Result<(), LockError> {
         self.call(limit, true, |mut conn| {
             let mut inv = Eval::new(&scripts::LISTEN, 1);
-            inv.key(scripts::listeners_key(key))
+            inv.key(scripts::ListenersKey(key))
                 .arg(ttl_millis(how_long));
             async move { inv.invoke::<i64>(&mut conn).await }
         })
@@ -459,16 +459,11 @@ pub(crate) trait LockCommands: Server {
     ) -> Result<bool, LockError> {
         let released: i64 = self
             .call(limit, true, |mut conn| {
-                let mut inv;
-                if self.wake() == Wake::Listeners {
-                    inv = Eval::new(&scripts::SHARED_RELEASE, 3);
-                    inv.key(keys.lock)
-                        .key(keys.holders)
-                        .key(scripts::listeners_key(keys.lock));
-                } else {
-                    inv = Eval::new(&scripts::SHARED_RELEASE, 2);
-                    inv.key(keys.lock).key(keys.holders);
-                }
+                let mut inv = scripts::waking_call(
+                    &scripts::SHARED_RELEASE,
+                    &[keys.lock, keys.holders],
+                    self.wake(),
+                );
                 inv.arg(token).arg(keys.marker);
                 async move { inv.invoke(&mut conn).await }
             })

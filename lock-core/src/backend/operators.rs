@@ -7,7 +7,7 @@
 use super::majority::{self, Decision, OnSplit, Vote};
 use super::{ClusterNode, Node, Server};
 use crate::error::{ErrorKind, LockError};
-use crate::scripts::{self, Eval, Wake};
+use crate::scripts::{self, Eval};
 use redis::Value;
 use std::time::Duration;
 
@@ -181,12 +181,11 @@ pub(crate) trait OperatorCommands: Server {
     ) -> Result<Forced, LockError> {
         let (done, value, holders, pttl_ms): (i64, String, u64, i64) = self
             .call(limit, false, |mut conn| {
-                let listeners = self.wake() == Wake::Listeners;
-                let mut inv = Eval::new(&scripts::FORCE_RELEASE, 3 + usize::from(listeners));
-                inv.key(keys.lock).key(keys.holders).key(keys.tombstone);
-                if listeners {
-                    inv.key(scripts::listeners_key(keys.lock));
-                }
+                let inv = scripts::waking_call(
+                    &scripts::FORCE_RELEASE,
+                    &[keys.lock, keys.holders, keys.tombstone],
+                    self.wake(),
+                );
                 async move { inv.invoke(&mut conn).await }
             })
             .await?;
