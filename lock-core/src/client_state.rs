@@ -11,6 +11,7 @@ use crate::lease::{Held, MAX_KEY_LEN};
 use crate::queue::{HandoffBudget, PassOn, Queues};
 use crate::release::{self, LetGo};
 use crate::token::{Holder, Token, local_now_ms};
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,19 +112,37 @@ impl ClientInner {
     /// key inside braces (a hash tag, so the lock and its fence counter share
     /// a Redis Cluster slot).
     pub(crate) fn storage_key(&self, key: &str) -> Result<String, LockError> {
-        let len = self.storage_key_len(key)?;
-        let mut out = String::with_capacity(len);
+        let mut out = String::with_capacity(self.storage_key_len(key)?);
+        self.write_storage_key(key, &mut out);
+        Ok(out)
+    }
+
+    fn write_storage_key(&self, key: &str, out: &mut String) {
         out.push_str(&self.prefix);
         out.push('{');
         out.push_str(key);
         out.push('}');
-        Ok(out)
     }
 
     /// [`storage_key`](Self::storage_key) as shared text: the lease and the
-    /// process's wait queue for the key share it.
+    /// process's wait queue for the key share it. Written in a buffer the
+    /// thread keeps, so that the text is allocated once, where it is shared.
     pub(crate) fn shared_storage_key(&self, key: &str) -> Result<Arc<str>, LockError> {
-        self.storage_key(key).map(Arc::from)
+        thread_local! {
+            static TEXT: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        // At most `MAX_KEY_LEN` bytes: the buffer stays small.
+        self.storage_key_len(key)?;
+        let shared = TEXT.try_with(|text| {
+            let mut text = text.try_borrow_mut().ok()?;
+            text.clear();
+            self.write_storage_key(key, &mut text);
+            Some(Arc::from(text.as_str()))
+        });
+        match shared {
+            Ok(Some(shared)) => Ok(shared),
+            _ => self.storage_key(key).map(Arc::from),
+        }
     }
 
     /// The length of the storage key of `key`, or why `key` is not valid.

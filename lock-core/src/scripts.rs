@@ -28,9 +28,12 @@
 //! helpers that this script does not call.
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, FromRedisValue, RedisResult, RedisWrite, Script, ToRedisArgs, ToSingleRedisArg};
+use redis::{
+    Arg, Cmd, FromRedisValue, RedisResult, RedisWrite, Script, ToRedisArgs, ToSingleRedisArg,
+};
+use std::cell::RefCell;
 use std::io::Write as _;
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 use std::sync::LazyLock;
 
 /// A script and its source, which a connection can load before it is
@@ -81,6 +84,72 @@ pub(crate) static ALL: [&Lua; 18] = [
     &LISTEN,
 ];
 
+/// A command built in buffers this thread kept from an earlier one, given
+/// back to the spares of the thread it is dropped on. An acquisition's
+/// `SET` and every script call are built anew on every acquisition and
+/// release; a fresh command costs two allocations (its bytes and its list
+/// of arguments), more than the rest of building it.
+pub(crate) struct Built(Cmd);
+
+/// How many built commands each thread keeps for the next ones.
+const SPARE_COMMANDS: usize = 8;
+
+/// A command longer than this (a long key list) is not kept.
+const SPARE_COMMAND_BYTES: usize = 4096;
+
+thread_local! {
+    static SPARES: RefCell<Vec<Cmd>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty command, with room for `args` arguments of `bytes` bytes in
+/// all when it is a fresh one.
+pub(crate) fn command(args: usize, bytes: usize) -> Built {
+    let spare = SPARES
+        .try_with(|spares| spares.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten();
+    Built(spare.unwrap_or_else(|| Cmd::with_capacity(args, bytes)))
+}
+
+impl Deref for Built {
+    type Target = Cmd;
+
+    fn deref(&self) -> &Cmd {
+        &self.0
+    }
+}
+
+impl DerefMut for Built {
+    fn deref_mut(&mut self) -> &mut Cmd {
+        &mut self.0
+    }
+}
+
+impl Drop for Built {
+    fn drop(&mut self) {
+        let mut cmd = std::mem::take(&mut self.0);
+        let bytes: usize = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                Arg::Simple(bytes) => bytes.len(),
+                _ => 0,
+            })
+            .sum();
+        if bytes > SPARE_COMMAND_BYTES {
+            return;
+        }
+        cmd.clear();
+        // On a thread being torn down, or (never) while borrowed: dropped.
+        let _ = SPARES.try_with(|spares| {
+            if let Ok(mut spares) = spares.try_borrow_mut()
+                && spares.len() < SPARE_COMMANDS
+            {
+                spares.push(cmd);
+            }
+        });
+    }
+}
+
 /// One `EVALSHA` call of a script.
 ///
 /// Built straight into one command (`redis::ScriptInvocation` collects the
@@ -88,7 +157,7 @@ pub(crate) static ALL: [&Lua; 18] = [
 /// every send), since these calls sit on every acquisition and release.
 pub(crate) struct Eval {
     script: &'static Script,
-    cmd: Cmd,
+    cmd: Built,
     keys_left: usize,
 }
 
@@ -96,7 +165,7 @@ impl Eval {
     /// A call of `script` with `keys` keys: add exactly that many with
     /// [`key`](Self::key), then the arguments with [`arg`](Self::arg).
     pub(crate) fn new(script: &'static Script, keys: usize) -> Eval {
-        let mut cmd = Cmd::with_capacity(3 + 3 * keys, 64 + 64 * keys);
+        let mut cmd = command(3 + 3 * keys, 64 + 64 * keys);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Eval {
             script,
@@ -170,8 +239,8 @@ impl Eval {
 /// what the script answers (0, or the error), the check every script that
 /// acts on our own lock starts with.
 ///
-/// And `with_fence(value, fence)`: the value with its fence field (the
-/// third) set to `fence`; a value without fields stays as it is.
+/// Every release and renewal runs it: what only acquisitions use lives in
+/// `lua_fence!`, so that those calls do not define it.
 macro_rules! lua_read {
     () => {
         include_str!("scripts/lib/read.lua")
@@ -187,6 +256,9 @@ macro_rules! lua_read {
 /// and by the time it expires the clock has moved far past it. Lua numbers
 /// are doubles, exact for microseconds since 1970 (below 2^53). Answers an
 /// error table when the key holds another type or is not a number.
+///
+/// And `with_fence(value, fence)`: the value with its fence field (the
+/// third) set to `fence`; a value without fields stays as it is.
 macro_rules! lua_fence {
     () => {
         include_str!("scripts/lib/fence.lua")
@@ -348,8 +420,11 @@ pub(crate) static ACQUIRE_FENCED: Lua = lua!(concat!(
 /// lock is ours here (and the counter is at least `ARGV[2]`), 0 otherwise: also
 /// when either key is another program's (another type, or a counter that is
 /// not a number), so the lift does not count on this server.
-pub(crate) static LIFT_FENCE: Lua =
-    lua!(concat!(lua_read!(), include_str!("scripts/lift_fence.lua")));
+pub(crate) static LIFT_FENCE: Lua = lua!(concat!(
+    lua_read!(),
+    lua_fence!(),
+    include_str!("scripts/lift_fence.lua")
+));
 
 /// [`RENEW`] for many locks in one call (the heartbeat's rounds).
 ///
@@ -598,6 +673,20 @@ mod tests {
             let hash: String = server.cmd(&["SCRIPT", "LOAD", lua.code]);
             assert_eq!(hash, lua.get_hash(), "{}", lua.code);
         }
+    }
+
+    /// A command built after another was dropped on the same thread reuses
+    /// its buffers and holds none of its arguments.
+    #[test]
+    fn a_spare_command_starts_empty() {
+        let mut first = command(2, 16);
+        first.arg("SET").arg("k").arg("v");
+        assert_eq!(first.args_iter().count(), 3);
+        drop(first);
+        let mut next = command(2, 16);
+        assert_eq!(next.args_iter().count(), 0);
+        next.arg("GET").arg("k");
+        assert_eq!(next.get_packed_command(), b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
     }
 
     /// The listeners mark is one key named after the lock's, so it shares

@@ -44,7 +44,7 @@ pub(crate) trait LockCommands: Server {
                 self.call(limit, false, |mut conn| {
                     // Sized up front: no regrowth on the hot path.
                     let value = keys.value_of(token);
-                    let mut cmd = redis::Cmd::with_capacity(6, 96 + keys.lock.len());
+                    let mut cmd = scripts::command(6, 96 + keys.lock.len());
                     cmd.arg("SET")
                         .arg(keys.lock)
                         .arg(value)

@@ -15,3 +15,10 @@ local function next_fence(key, keep)
   redis.call("SET", key, string.format("%.0f", fence), "PX", keep)
   return fence
 end
+local function with_fence(value, fence)
+  local head, tail = string.match(value, "^([^|]*|[^|]*|)[^|]*(|.*)$")
+  if not head then
+    return value
+  end
+  return head .. string.format("%.0f", tonumber(fence)) .. tail
+end

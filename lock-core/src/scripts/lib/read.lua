@@ -27,10 +27,3 @@ local function not_ours(key, token)
   end
   return nil
 end
-local function with_fence(value, fence)
-  local head, tail = string.match(value, "^([^|]*|[^|]*|)[^|]*(|.*)$")
-  if not head then
-    return value
-  end
-  return head .. string.format("%.0f", tonumber(fence)) .. tail
-end
