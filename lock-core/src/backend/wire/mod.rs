@@ -1988,9 +1988,14 @@ mod tests {
             server: RedisServer,
             wire: Wire,
         ) {
+            // This connection by its id: the test's own connections for
+            // `CLIENT LIST` may still be closing (over TLS, for longer).
+            let id: i64 = query(&wire, &redis::cmd("CLIENT").arg("ID").clone())
+                .await
+                .unwrap();
             // Blocks until the connection goes.
             let waiting = blpop(&server, &wire, "nothing").await;
-            let killed: i64 = server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]);
+            let killed: i64 = server.cmd(&["CLIENT", "KILL", "ID", &id.to_string()]);
             assert_eq!(killed, 1);
             let err = waiting.await.unwrap().unwrap_err();
             assert!(err.is_connection_dropped(), "{err}");
