@@ -528,6 +528,14 @@ async fn next_message(messages: &mut (impl futures::Stream<Item = redis::Msg> + 
     message.get_payload().unwrap()
 }
 
+/// The primary that holds lock `key` (its index in the cluster's nodes),
+/// and the name of the key's listeners mark there.
+fn listeners_mark(cluster: &RedisCluster, key: &str) -> (usize, String) {
+    let lock_key = storage_key(PREFIX, key);
+    let primary = cluster.primary_of_key(&lock_key).unwrap().unwrap();
+    (primary, format!("{lock_key}:listeners"))
+}
+
 /// Waits, at most `bound`, until `node` holds the listeners mark `mark`.
 async fn marked(node: &RedisServer, mark: &str, bound: Duration) {
     eventually(bound, &format!("{mark} is set"), || {
@@ -617,9 +625,7 @@ async fn a_leader_watcher_hears_the_resignation_on_a_cluster() {
         .expect("the watch goes on")
         .expect("a leader");
     assert_eq!(seen.fencing_token(), Some(leading.term()));
-    let lock_key = storage_key(PREFIX, key);
-    let primary = cluster.primary_of_key(&lock_key).unwrap().unwrap();
-    let mark = format!("{lock_key}:listeners");
+    let (primary, mark) = listeners_mark(&cluster, key);
     marked(&cluster.nodes()[primary], &mark, Duration::from_secs(5)).await;
     let resigned_at = Instant::now();
     assert!(leading.resign().await.unwrap());
@@ -640,9 +646,8 @@ async fn a_lost_listeners_mark_is_set_again() {
     let holder = client_with(&cluster, settings()).await;
     let waiter = client_with(&cluster, settings()).await;
     let key = "remarked";
-    let lock_key = storage_key(PREFIX, key);
-    let primary = &cluster.nodes()[cluster.primary_of_key(&lock_key).unwrap().unwrap()];
-    let mark = format!("{lock_key}:listeners");
+    let (primary, mark) = listeners_mark(&cluster, key);
+    let primary = &cluster.nodes()[primary];
     let held = holder.lock(key, Duration::from_secs(30)).await.unwrap();
     let waiting = tokio::spawn(async move {
         let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(20));
