@@ -1216,12 +1216,15 @@ impl ConnectionLike for Wire {
 /// interleaving of their steps. The steps are the connection's own: the
 /// look at the turn ([`State::look_at_turn`]), giving it up
 /// ([`State::give_up_turn`]), reading into the buffer and routing each
-/// reply in order ([`dispatch`]). The waits between them (for the socket,
-/// the stall timer, the turn's wake-up) are spins here, and a watched
-/// reader counts as stalled at the third look that finds it unchanged.
-/// Callers are patient, kept (never polled again once they hold the
-/// turn) or dropped after some number of steps; every caller still
-/// waiting gets its own reply, and no reply goes astray. `scripts/test`
+/// reply in order ([`dispatch`]). In the first tests the waits between
+/// them (for the socket, the stall timer, the turn's wake-up) are spins,
+/// and a watched reader counts as stalled at the third look that finds it
+/// unchanged; in those of [`waits`](model::waits) callers sleep until
+/// something wakes them, so a wake-up missed is a run where everybody
+/// sleeps. Callers are patient, kept (never polled again once they hold
+/// the turn, or once they sleep) or dropped after some number of steps;
+/// every caller still waiting gets its own reply, and no reply goes
+/// astray. `scripts/test`
 /// runs them: `RUSTFLAGS="--cfg lock_core_loom" cargo test -p lock-core
 /// --lib model::`.
 #[cfg(all(test, lock_core_loom))]
@@ -1238,6 +1241,10 @@ mod model {
         scripts_loaded: AtomicBool,
         /// What the server answered and no reader took yet.
         socket: Mutex<Vec<u8>>,
+        /// The wake-ups of waiting callers (see [`waits`]).
+        wakes: Mutex<waits::Wakes>,
+        /// Signalled whenever `wakes`, or a reply, may wake a caller.
+        changed: loom::sync::Condvar,
     }
 
     /// How a caller behaves.
@@ -1247,6 +1254,8 @@ mod model {
         Patient,
         /// Never polled again once it holds the read turn: keeps it.
         Kept,
+        /// Never polled again once it sleeps (the waits model only).
+        KeptAsleep,
         /// Its future is dropped after this many steps.
         DroppedAfter(usize),
     }
@@ -1273,6 +1282,8 @@ mod model {
                 reads: AtomicU64::new(0),
                 scripts_loaded: AtomicBool::new(true),
                 socket: Mutex::new(Vec::new()),
+                wakes: Mutex::new(waits::Wakes::default()),
+                changed: loom::sync::Condvar::new(),
             }
         }
 
@@ -1371,10 +1382,20 @@ mod model {
         }
     }
 
+    /// How a caller waits for its reply: `Conn::receive` (spinning) or
+    /// `Conn::receive_waking` (sleeping until woken).
+    type Receive = fn(&Conn, u64, oneshot::Receiver<Reply>, Caller) -> Outcome;
+
     /// Runs `callers` on one connection, each on a thread of its own, and
     /// checks that each that waited to the end got its own reply.
     fn run(callers: &'static [Caller]) {
-        loom::model(move || {
+        run_with(callers, Conn::receive, loom::model::Builder::new());
+    }
+
+    /// [`run`], with the callers waiting as `receive` does, explored as
+    /// `builder` says.
+    fn run_with(callers: &'static [Caller], receive: Receive, builder: loom::model::Builder) {
+        builder.check(move || {
             let conn = Arc::new(Conn::new());
             let threads: Vec<_> = callers
                 .iter()
@@ -1383,7 +1404,7 @@ mod model {
                     let (conn, caller, id) = (conn.clone(), *caller, i as u64 + 1);
                     loom::thread::spawn(move || {
                         let rx = conn.send(id);
-                        (id, caller, conn.receive(id, rx, caller))
+                        (id, caller, receive(&conn, id, rx, caller))
                     })
                 })
                 .collect();
@@ -1414,16 +1435,309 @@ mod model {
         run(&[Caller::Kept, Caller::Patient, Caller::Patient]);
     }
 
+    /// One caller dropped after each number of steps, beside two patient
+    /// ones.
+    static DROPPED: [[Caller; 3]; 4] = [
+        [Caller::DroppedAfter(0), Caller::Patient, Caller::Patient],
+        [Caller::DroppedAfter(1), Caller::Patient, Caller::Patient],
+        [Caller::DroppedAfter(2), Caller::Patient, Caller::Patient],
+        [Caller::DroppedAfter(3), Caller::Patient, Caller::Patient],
+    ];
+
     #[test]
     fn a_caller_dropped_at_any_step_holds_nobody_up() {
-        static DROPPED: [[Caller; 3]; 4] = [
-            [Caller::DroppedAfter(0), Caller::Patient, Caller::Patient],
-            [Caller::DroppedAfter(1), Caller::Patient, Caller::Patient],
-            [Caller::DroppedAfter(2), Caller::Patient, Caller::Patient],
-            [Caller::DroppedAfter(3), Caller::Patient, Caller::Patient],
-        ];
         for callers in &DROPPED {
             run(callers);
+        }
+    }
+
+    /// The same callers, now sleeping while they wait, as
+    /// [`Wire::receive`] does: until their reply comes, until the turn is
+    /// given up (tokio's `Notify`: `notify_one` wakes the oldest caller
+    /// that enabled its `Notified`, or leaves a permit that the next to
+    /// enable takes; a `Notified` woken by `notify_one` and dropped unused
+    /// passes the notification on, one that took the permit does not),
+    /// or until their stall timer fires. Here that timer fires only while
+    /// the turn is held by a reader that will never read again (a kept
+    /// one): one that is polled reads on, so a caller left to its timer
+    /// behind it would be a lost wake-up, and loom reports every run where
+    /// all callers sleep. A caller is dropped only where it can be, at a
+    /// wait.
+    mod waits {
+        use super::*;
+
+        #[derive(Default)]
+        pub(super) struct Wakes {
+            /// Callers whose `Notified` is enabled, oldest first.
+            enabled: VecDeque<u64>,
+            /// Callers a `notify_one` picked that have not woken for it.
+            notified: Vec<u64>,
+            /// A `notify_one` that found nobody enabled.
+            permit: bool,
+            /// Callers whose `Notified` took that permit when enabled: it
+            /// is ready, and it is not passed on if dropped unused.
+            took_permit: Vec<u64>,
+            /// The caller that will never read again, if any.
+            kept: Option<u64>,
+            /// The caller that will never wake again, if any.
+            kept_asleep: Option<u64>,
+        }
+
+        impl Wakes {
+            /// `Notify::notify_one`.
+            fn notify_one(&mut self) {
+                match self.enabled.pop_front() {
+                    Some(caller) => self.notified.push(caller),
+                    None => self.permit = true,
+                }
+            }
+
+            /// `Notified::enable`, for a fresh `Notified` of `me`.
+            fn enable(&mut self, me: u64) {
+                match std::mem::take(&mut self.permit) {
+                    true => self.took_permit.push(me),
+                    false => self.enabled.push_back(me),
+                }
+            }
+
+            /// `me`'s `Notified` dropped (or done with): a notification it
+            /// did not use goes on to the next caller.
+            fn drop_notified(&mut self, me: u64) {
+                self.enabled.retain(|&c| c != me);
+                self.took_permit.retain(|&c| c != me);
+                if let Some(at) = self.notified.iter().position(|&c| c == me) {
+                    self.notified.swap_remove(at);
+                    self.notify_one();
+                }
+            }
+
+            /// `me` woke for its notification, and uses it.
+            fn take_notified(&mut self, me: u64) -> bool {
+                if let Some(at) = self.took_permit.iter().position(|&c| c == me) {
+                    self.took_permit.swap_remove(at);
+                    return true;
+                }
+                match self.notified.iter().position(|&c| c == me) {
+                    Some(at) => {
+                        self.notified.swap_remove(at);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+
+        /// What woke a sleeping caller.
+        enum Woke {
+            Reply(Reply),
+            Freed,
+            Stalled,
+        }
+
+        impl Conn {
+            fn wakes(&self) -> MutexGuard<'_, Wakes> {
+                self.wakes.lock().unwrap()
+            }
+
+            /// Caller `me` waits for the reply `rx` is for, as `caller`
+            /// does, sleeping between its looks at the turn.
+            fn receive_waking(
+                &self,
+                me: u64,
+                mut rx: oneshot::Receiver<Reply>,
+                caller: Caller,
+            ) -> Outcome {
+                let mut watched = None;
+                let mut stalled = false;
+                let mut steps = 0;
+                loop {
+                    if let Ok(reply) = rx.try_recv() {
+                        return Outcome::Replied(reply.unwrap());
+                    }
+                    // Enabled before the look, as in `wait_for_turn`.
+                    self.wakes().enable(me);
+                    let reads = self.reads.load(Ordering::Acquire);
+                    let look =
+                        self.state
+                            .lock()
+                            .unwrap()
+                            .look_at_turn(me, reads, &mut watched, stalled);
+                    stalled = false;
+                    match look {
+                        Look::Take { .. } if caller == Caller::Kept => {
+                            let mut wakes = self.wakes();
+                            wakes.drop_notified(me);
+                            wakes.kept = Some(me);
+                            drop(wakes);
+                            self.changed.notify_all();
+                            return Outcome::Gone {
+                                _receiver: Some(rx),
+                            };
+                        }
+                        Look::Take { .. } => {
+                            self.wakes().drop_notified(me);
+                            self.changed.notify_all();
+                            if let Some(outcome) = self.read_waking(me, &mut rx, caller, &mut steps)
+                            {
+                                return outcome;
+                            }
+                            continue;
+                        }
+                        Look::Watch | Look::Wait => {}
+                    }
+                    if caller == Caller::DroppedAfter(steps) {
+                        // Dropped at its wait: its `Notified` goes.
+                        self.wakes().drop_notified(me);
+                        self.changed.notify_all();
+                        return Outcome::Gone { _receiver: None };
+                    }
+                    if caller == Caller::KeptAsleep {
+                        // Kept at its wait: its `Notified` stays, and a
+                        // notification it gets is never used.
+                        self.wakes().kept_asleep = Some(me);
+                        self.changed.notify_all();
+                        return Outcome::Gone {
+                            _receiver: Some(rx),
+                        };
+                    }
+                    steps += 1;
+                    match self.sleep(me, &mut rx) {
+                        Woke::Reply(reply) => {
+                            self.wakes().drop_notified(me);
+                            self.changed.notify_all();
+                            return Outcome::Replied(reply.unwrap());
+                        }
+                        Woke::Freed => {}
+                        Woke::Stalled => {
+                            self.wakes().drop_notified(me);
+                            self.changed.notify_all();
+                            stalled = true;
+                        }
+                    }
+                }
+            }
+
+            /// Sleeps until `me`'s reply is in, its `Notified` is
+            /// notified, or its stall timer fires: only while a kept caller
+            /// holds what the others wait for, the turn or the
+            /// notification that the turn is free.
+            fn sleep(&self, me: u64, rx: &mut oneshot::Receiver<Reply>) -> Woke {
+                let mut wakes = self.wakes();
+                loop {
+                    if let Ok(reply) = rx.try_recv() {
+                        return Woke::Reply(reply);
+                    }
+                    if wakes.take_notified(me) {
+                        return Woke::Freed;
+                    }
+                    let held =
+                        wakes.kept.is_some() && self.state.lock().unwrap().turn == wakes.kept;
+                    let swallowed = wakes
+                        .kept_asleep
+                        .is_some_and(|kept| wakes.notified.contains(&kept));
+                    if held || swallowed {
+                        return Woke::Stalled;
+                    }
+                    wakes = self.changed.wait(wakes).unwrap();
+                }
+            }
+
+            /// Caller `me` holds the read turn: reads until its reply is
+            /// in or its future is dropped, giving the turn up (and
+            /// waking a caller for it, as `pass_turn` does); `None` once
+            /// the turn was taken over.
+            fn read_waking(
+                &self,
+                me: u64,
+                rx: &mut oneshot::Receiver<Reply>,
+                caller: Caller,
+                steps: &mut usize,
+            ) -> Option<Outcome> {
+                loop {
+                    if caller == Caller::DroppedAfter(*steps) {
+                        // Dropped while it waits for its socket.
+                        self.pass_turn(me);
+                        return Some(Outcome::Gone { _receiver: None });
+                    }
+                    *steps += 1;
+                    self.read();
+                    // The replies read may wake their callers.
+                    drop(self.wakes());
+                    self.changed.notify_all();
+                    if let Ok(reply) = rx.try_recv() {
+                        self.pass_turn(me);
+                        return Some(Outcome::Replied(reply.unwrap()));
+                    }
+                    if self.state.lock().unwrap().turn != Some(me) {
+                        return None;
+                    }
+                    loom::thread::yield_now();
+                }
+            }
+
+            /// `Inner::pass_turn`.
+            fn pass_turn(&self, me: u64) {
+                if self.state.lock().unwrap().give_up_turn(me) {
+                    self.wakes().notify_one();
+                    self.changed.notify_all();
+                }
+            }
+        }
+
+        /// How the sleeping callers are explored: with at most two
+        /// preemptions, unless `LOOM_WAITS_PREEMPTIONS` says otherwise
+        /// (three take minutes). Taking either wake-up out of the model
+        /// (the turn given up without waking a caller, a notification
+        /// dropped instead of passed on) fails every test here within
+        /// two.
+        fn sleeping() -> loom::model::Builder {
+            let mut builder = loom::model::Builder::new();
+            builder.preemption_bound = Some(
+                std::env::var("LOOM_WAITS_PREEMPTIONS")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(2),
+            );
+            builder
+        }
+
+        #[test]
+        fn patient_callers_sleeping_each_get_their_own_reply() {
+            run_with(
+                &[Caller::Patient, Caller::Patient, Caller::Patient],
+                Conn::receive_waking,
+                sleeping(),
+            );
+        }
+
+        #[test]
+        fn callers_sleeping_behind_a_kept_reader_take_over() {
+            run_with(
+                &[Caller::Kept, Caller::Patient, Caller::Patient],
+                Conn::receive_waking,
+                sleeping(),
+            );
+        }
+
+        #[test]
+        fn callers_sleeping_beside_a_kept_sleeper_get_their_replies() {
+            run_with(
+                &[Caller::KeptAsleep, Caller::Patient, Caller::Patient],
+                Conn::receive_waking,
+                sleeping(),
+            );
+            run_with(
+                &[Caller::Patient, Caller::KeptAsleep, Caller::Patient],
+                Conn::receive_waking,
+                sleeping(),
+            );
+        }
+
+        #[test]
+        fn a_caller_dropped_at_any_step_wakes_whoever_it_owes() {
+            for callers in &DROPPED {
+                run_with(callers, Conn::receive_waking, sleeping());
+            }
         }
     }
 }
