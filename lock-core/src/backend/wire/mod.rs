@@ -1245,6 +1245,17 @@ mod model {
         wakes: Mutex<waits::Wakes>,
         /// Signalled whenever `wakes`, or a reply, may wake a caller.
         changed: loom::sync::Condvar,
+        /// How its callers wait.
+        waiting: Waiting,
+    }
+
+    /// How callers wait between their looks at the turn.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Waiting {
+        /// They spin: look again at once (`Conn::receive`).
+        Spinning,
+        /// They sleep until woken (`Conn::receive_waking`, see [`waits`]).
+        Sleeping,
     }
 
     /// How a caller behaves.
@@ -1271,8 +1282,9 @@ mod model {
     }
 
     impl Conn {
-        fn new() -> Conn {
+        fn new(waiting: Waiting) -> Conn {
             Conn {
+                waiting,
                 state: Mutex::new(State::default()),
                 read_buf: Mutex::new(ReadBuf {
                     buf: Vec::new(),
@@ -1353,9 +1365,10 @@ mod model {
             }
         }
 
-        /// Caller `me` holds the read turn: reads until its reply is in,
-        /// its future is dropped (giving the turn up, as `Turn` does) or
-        /// the turn is taken over (`None`: it waits again).
+        /// Caller `me` holds the read turn: reads until its reply is
+        /// in or its future is dropped, giving the turn up (and
+        /// waking a caller for it, as `pass_turn` does); `None` once
+        /// the turn was taken over.
         fn read_for_everyone(
             &self,
             me: u64,
@@ -1364,39 +1377,71 @@ mod model {
             steps: &mut usize,
         ) -> Option<Outcome> {
             loop {
+                if caller == Caller::DroppedAfter(*steps) {
+                    // Dropped while it waits for its socket.
+                    self.pass_turn(me);
+                    return Some(Outcome::Gone { _receiver: None });
+                }
+                *steps += 1;
                 self.read();
+                // The replies read may wake their callers.
+                self.wake_sleepers(|_| {});
                 if let Ok(reply) = rx.try_recv() {
-                    self.state.lock().unwrap().give_up_turn(me);
+                    self.pass_turn(me);
                     return Some(Outcome::Replied(reply.unwrap()));
                 }
                 if self.state.lock().unwrap().turn != Some(me) {
                     return None;
                 }
-                if caller == Caller::DroppedAfter(*steps) {
-                    self.state.lock().unwrap().give_up_turn(me);
-                    return Some(Outcome::Gone { _receiver: None });
-                }
-                *steps += 1;
                 loom::thread::yield_now();
+            }
+        }
+
+        fn wakes(&self) -> MutexGuard<'_, waits::Wakes> {
+            self.wakes.lock().unwrap()
+        }
+
+        /// Sleeping callers: applies `change` to what wakes them, and has
+        /// each look again. Spinning ones look again anyway.
+        fn wake_sleepers(&self, change: impl FnOnce(&mut waits::Wakes)) {
+            if self.waiting == Waiting::Sleeping {
+                change(&mut self.wakes());
+                self.changed.notify_all();
+            }
+        }
+
+        /// `Inner::pass_turn`: gives the turn up and wakes a caller for it.
+        fn pass_turn(&self, me: u64) {
+            if self.state.lock().unwrap().give_up_turn(me) {
+                self.wake_sleepers(waits::Wakes::notify_one);
             }
         }
     }
 
-    /// How a caller waits for its reply: `Conn::receive` (spinning) or
-    /// `Conn::receive_waking` (sleeping until woken).
-    type Receive = fn(&Conn, u64, oneshot::Receiver<Reply>, Caller) -> Outcome;
-
-    /// Runs `callers` on one connection, each on a thread of its own, and
-    /// checks that each that waited to the end got its own reply.
-    fn run(callers: &'static [Caller]) {
-        run_with(callers, Conn::receive, loom::model::Builder::new());
+    /// How a model is explored. Sleeping callers get at most two
+    /// preemptions, unless `LOOM_WAITS_PREEMPTIONS` says otherwise (three
+    /// take minutes): taking either wake-up out of their model (the turn
+    /// given up without waking a caller, a notification dropped instead of
+    /// passed on) fails every one of their tests within two.
+    fn explorer(waiting: Waiting) -> loom::model::Builder {
+        let mut builder = loom::model::Builder::new();
+        if waiting == Waiting::Sleeping {
+            builder.preemption_bound = Some(
+                std::env::var("LOOM_WAITS_PREEMPTIONS")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(2),
+            );
+        }
+        builder
     }
 
-    /// [`run`], with the callers waiting as `receive` does, explored as
-    /// `builder` says.
-    fn run_with(callers: &'static [Caller], receive: Receive, builder: loom::model::Builder) {
-        builder.check(move || {
-            let conn = Arc::new(Conn::new());
+    /// Runs `callers` on one connection, each on a thread of its own and
+    /// waiting as `waiting` says, and checks that each that waited to the
+    /// end got its own reply.
+    fn run(callers: &'static [Caller], waiting: Waiting) {
+        explorer(waiting).check(move || {
+            let conn = Arc::new(Conn::new(waiting));
             let threads: Vec<_> = callers
                 .iter()
                 .enumerate()
@@ -1404,7 +1449,11 @@ mod model {
                     let (conn, caller, id) = (conn.clone(), *caller, i as u64 + 1);
                     loom::thread::spawn(move || {
                         let rx = conn.send(id);
-                        (id, caller, receive(&conn, id, rx, caller))
+                        let outcome = match waiting {
+                            Waiting::Spinning => conn.receive(id, rx, caller),
+                            Waiting::Sleeping => conn.receive_waking(id, rx, caller),
+                        };
+                        (id, caller, outcome)
                     })
                 })
                 .collect();
@@ -1427,12 +1476,18 @@ mod model {
 
     #[test]
     fn patient_callers_each_get_their_own_reply() {
-        run(&[Caller::Patient, Caller::Patient, Caller::Patient]);
+        run(
+            &[Caller::Patient, Caller::Patient, Caller::Patient],
+            Waiting::Spinning,
+        );
     }
 
     #[test]
     fn a_caller_kept_with_the_turn_is_taken_over() {
-        run(&[Caller::Kept, Caller::Patient, Caller::Patient]);
+        run(
+            &[Caller::Kept, Caller::Patient, Caller::Patient],
+            Waiting::Spinning,
+        );
     }
 
     /// One caller dropped after each number of steps, beside two patient
@@ -1447,7 +1502,7 @@ mod model {
     #[test]
     fn a_caller_dropped_at_any_step_holds_nobody_up() {
         for callers in &DROPPED {
-            run(callers);
+            run(callers, Waiting::Spinning);
         }
     }
 
@@ -1458,11 +1513,12 @@ mod model {
     /// enable takes; a `Notified` woken by `notify_one` and dropped unused
     /// passes the notification on, one that took the permit does not),
     /// or until their stall timer fires. Here that timer fires only while
-    /// the turn is held by a reader that will never read again (a kept
-    /// one): one that is polled reads on, so a caller left to its timer
-    /// behind it would be a lost wake-up, and loom reports every run where
-    /// all callers sleep. A caller is dropped only where it can be, at a
-    /// wait.
+    /// a kept caller holds what the others wait for: the turn (it will
+    /// never read again) or the notification that the turn is free (it
+    /// will never wake). A caller that is polled reads on and wakes, so a
+    /// caller left to its timer behind it would be a lost wake-up, and
+    /// loom reports every run where all callers sleep. A caller is dropped
+    /// only where it can be, at a wait.
     mod waits {
         use super::*;
 
@@ -1485,7 +1541,7 @@ mod model {
 
         impl Wakes {
             /// `Notify::notify_one`.
-            fn notify_one(&mut self) {
+            pub(super) fn notify_one(&mut self) {
                 match self.enabled.pop_front() {
                     Some(caller) => self.notified.push(caller),
                     None => self.permit = true,
@@ -1504,26 +1560,26 @@ mod model {
             /// did not use goes on to the next caller.
             fn drop_notified(&mut self, me: u64) {
                 self.enabled.retain(|&c| c != me);
-                self.took_permit.retain(|&c| c != me);
-                if let Some(at) = self.notified.iter().position(|&c| c == me) {
-                    self.notified.swap_remove(at);
+                take(&mut self.took_permit, me);
+                if take(&mut self.notified, me) {
                     self.notify_one();
                 }
             }
 
             /// `me` woke for its notification, and uses it.
             fn take_notified(&mut self, me: u64) -> bool {
-                if let Some(at) = self.took_permit.iter().position(|&c| c == me) {
-                    self.took_permit.swap_remove(at);
-                    return true;
+                take(&mut self.took_permit, me) || take(&mut self.notified, me)
+            }
+        }
+
+        /// Takes `me` out of `callers`: whether it was there.
+        fn take(callers: &mut Vec<u64>, me: u64) -> bool {
+            match callers.iter().position(|&c| c == me) {
+                Some(at) => {
+                    callers.swap_remove(at);
+                    true
                 }
-                match self.notified.iter().position(|&c| c == me) {
-                    Some(at) => {
-                        self.notified.swap_remove(at);
-                        true
-                    }
-                    None => false,
-                }
+                None => false,
             }
         }
 
@@ -1535,13 +1591,9 @@ mod model {
         }
 
         impl Conn {
-            fn wakes(&self) -> MutexGuard<'_, Wakes> {
-                self.wakes.lock().unwrap()
-            }
-
             /// Caller `me` waits for the reply `rx` is for, as `caller`
             /// does, sleeping between its looks at the turn.
-            fn receive_waking(
+            pub(super) fn receive_waking(
                 &self,
                 me: u64,
                 mut rx: oneshot::Receiver<Reply>,
@@ -1565,19 +1617,18 @@ mod model {
                     stalled = false;
                     match look {
                         Look::Take { .. } if caller == Caller::Kept => {
-                            let mut wakes = self.wakes();
-                            wakes.drop_notified(me);
-                            wakes.kept = Some(me);
-                            drop(wakes);
-                            self.changed.notify_all();
+                            self.wake_sleepers(|wakes| {
+                                wakes.drop_notified(me);
+                                wakes.kept = Some(me);
+                            });
                             return Outcome::Gone {
                                 _receiver: Some(rx),
                             };
                         }
                         Look::Take { .. } => {
-                            self.wakes().drop_notified(me);
-                            self.changed.notify_all();
-                            if let Some(outcome) = self.read_waking(me, &mut rx, caller, &mut steps)
+                            self.wake_sleepers(|wakes| wakes.drop_notified(me));
+                            if let Some(outcome) =
+                                self.read_for_everyone(me, &mut rx, caller, &mut steps)
                             {
                                 return outcome;
                             }
@@ -1587,15 +1638,13 @@ mod model {
                     }
                     if caller == Caller::DroppedAfter(steps) {
                         // Dropped at its wait: its `Notified` goes.
-                        self.wakes().drop_notified(me);
-                        self.changed.notify_all();
+                        self.wake_sleepers(|wakes| wakes.drop_notified(me));
                         return Outcome::Gone { _receiver: None };
                     }
                     if caller == Caller::KeptAsleep {
                         // Kept at its wait: its `Notified` stays, and a
                         // notification it gets is never used.
-                        self.wakes().kept_asleep = Some(me);
-                        self.changed.notify_all();
+                        self.wake_sleepers(|wakes| wakes.kept_asleep = Some(me));
                         return Outcome::Gone {
                             _receiver: Some(rx),
                         };
@@ -1603,14 +1652,12 @@ mod model {
                     steps += 1;
                     match self.sleep(me, &mut rx) {
                         Woke::Reply(reply) => {
-                            self.wakes().drop_notified(me);
-                            self.changed.notify_all();
+                            self.wake_sleepers(|wakes| wakes.drop_notified(me));
                             return Outcome::Replied(reply.unwrap());
                         }
                         Woke::Freed => {}
                         Woke::Stalled => {
-                            self.wakes().drop_notified(me);
-                            self.changed.notify_all();
+                            self.wake_sleepers(|wakes| wakes.drop_notified(me));
                             stalled = true;
                         }
                     }
@@ -1641,102 +1688,40 @@ mod model {
                     wakes = self.changed.wait(wakes).unwrap();
                 }
             }
-
-            /// Caller `me` holds the read turn: reads until its reply is
-            /// in or its future is dropped, giving the turn up (and
-            /// waking a caller for it, as `pass_turn` does); `None` once
-            /// the turn was taken over.
-            fn read_waking(
-                &self,
-                me: u64,
-                rx: &mut oneshot::Receiver<Reply>,
-                caller: Caller,
-                steps: &mut usize,
-            ) -> Option<Outcome> {
-                loop {
-                    if caller == Caller::DroppedAfter(*steps) {
-                        // Dropped while it waits for its socket.
-                        self.pass_turn(me);
-                        return Some(Outcome::Gone { _receiver: None });
-                    }
-                    *steps += 1;
-                    self.read();
-                    // The replies read may wake their callers.
-                    drop(self.wakes());
-                    self.changed.notify_all();
-                    if let Ok(reply) = rx.try_recv() {
-                        self.pass_turn(me);
-                        return Some(Outcome::Replied(reply.unwrap()));
-                    }
-                    if self.state.lock().unwrap().turn != Some(me) {
-                        return None;
-                    }
-                    loom::thread::yield_now();
-                }
-            }
-
-            /// `Inner::pass_turn`.
-            fn pass_turn(&self, me: u64) {
-                if self.state.lock().unwrap().give_up_turn(me) {
-                    self.wakes().notify_one();
-                    self.changed.notify_all();
-                }
-            }
-        }
-
-        /// How the sleeping callers are explored: with at most two
-        /// preemptions, unless `LOOM_WAITS_PREEMPTIONS` says otherwise
-        /// (three take minutes). Taking either wake-up out of the model
-        /// (the turn given up without waking a caller, a notification
-        /// dropped instead of passed on) fails every test here within
-        /// two.
-        fn sleeping() -> loom::model::Builder {
-            let mut builder = loom::model::Builder::new();
-            builder.preemption_bound = Some(
-                std::env::var("LOOM_WAITS_PREEMPTIONS")
-                    .ok()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(2),
-            );
-            builder
         }
 
         #[test]
         fn patient_callers_sleeping_each_get_their_own_reply() {
-            run_with(
+            run(
                 &[Caller::Patient, Caller::Patient, Caller::Patient],
-                Conn::receive_waking,
-                sleeping(),
+                Waiting::Sleeping,
             );
         }
 
         #[test]
         fn callers_sleeping_behind_a_kept_reader_take_over() {
-            run_with(
+            run(
                 &[Caller::Kept, Caller::Patient, Caller::Patient],
-                Conn::receive_waking,
-                sleeping(),
+                Waiting::Sleeping,
             );
         }
 
         #[test]
         fn callers_sleeping_beside_a_kept_sleeper_get_their_replies() {
-            run_with(
+            run(
                 &[Caller::KeptAsleep, Caller::Patient, Caller::Patient],
-                Conn::receive_waking,
-                sleeping(),
+                Waiting::Sleeping,
             );
-            run_with(
+            run(
                 &[Caller::Patient, Caller::KeptAsleep, Caller::Patient],
-                Conn::receive_waking,
-                sleeping(),
+                Waiting::Sleeping,
             );
         }
 
         #[test]
         fn a_caller_dropped_at_any_step_wakes_whoever_it_owes() {
             for callers in &DROPPED {
-                run_with(callers, Conn::receive_waking, sleeping());
+                run(callers, Waiting::Sleeping);
             }
         }
     }
