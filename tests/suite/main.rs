@@ -28,6 +28,7 @@ mod cluster;
 mod core;
 mod deadlock_processes;
 mod deadlocks;
+mod deployment;
 mod faults;
 mod interop;
 mod isolation;

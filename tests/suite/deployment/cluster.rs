@@ -1,0 +1,1 @@
+//! See `deployment/mod.rs`.
