@@ -63,7 +63,7 @@ macro_rules! lua {
 }
 
 /// Every script lock-core calls by its hash.
-pub(crate) static ALL: [&Lua; 18] = [
+pub(crate) static ALL: [&Lua; 20] = [
     &RELEASE,
     &RENEW,
     &SET_TTL,
@@ -82,6 +82,8 @@ pub(crate) static ALL: [&Lua; 18] = [
     &WAIT_HOP,
     &WAITERS,
     &LISTEN,
+    &NEXT_FENCE,
+    &MARK_FENCE,
 ];
 
 /// A command built in buffers this thread kept from an earlier one, given
@@ -408,6 +410,25 @@ pub(crate) static ACQUIRE_FENCED: Lua = lua!(concat!(
     lua_read!(),
     lua_fence!(),
     include_str!("scripts/acquire_fenced.lua")
+));
+
+/// The next fencing token of a counter, alone: [`ACQUIRE_FENCED`]'s
+/// counter step, for a lock taken with commands of one key each while its
+/// slot migrates (see `cluster.rs`). `KEYS[1]` fence counter, `ARGV[1]` how
+/// long it is kept, in milliseconds. Returns the token, or the error that
+/// kept the counter from being raised.
+pub(crate) static NEXT_FENCE: Lua = lua!(concat!(
+    lua_fence!(),
+    include_str!("scripts/next_fence.lua")
+));
+
+/// Writes the fencing token `ARGV[2]` into the lock's value, only while
+/// `KEYS[1]` holds our token `ARGV[1]`, keeping its ttl: the last step of
+/// [`NEXT_FENCE`]'s acquisition. Returns 1, or 0 when the lock is not ours.
+pub(crate) static MARK_FENCE: Lua = lua!(concat!(
+    lua_read!(),
+    lua_fence!(),
+    include_str!("scripts/mark_fence.lua")
 ));
 
 /// Raises the fence counter to at least `ARGV[2]`, only while `KEYS[1]`

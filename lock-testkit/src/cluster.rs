@@ -169,6 +169,46 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// Starts one more node, empty and serving no slot, and has the
+    /// cluster meet it: a primary to move slots to. Returns its index in
+    /// [`nodes`](Self::nodes) once every running node knows it.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the node cannot start, or is not known everywhere within
+    /// 30 s.
+    pub fn add_primary(&mut self) -> Result<usize, TestkitError> {
+        let (node, bus) = start_node_on_bus()?;
+        let port = node.port();
+        let known = |nodes: &[RedisServer]| -> Result<bool, TestkitError> {
+            for other in nodes.iter().filter(|n| n.is_running()) {
+                let text: String = other.try_cmd(&["CLUSTER", "NODES"])?;
+                if !parse_nodes(&text).iter().any(|line| line.port == port) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+        let _: String = self.any_running()?.try_cmd(&[
+            "CLUSTER",
+            "MEET",
+            "127.0.0.1",
+            &port.to_string(),
+            &bus.to_string(),
+        ])?;
+        self.nodes.push(node);
+        let deadline = Instant::now() + READY_BOUND;
+        while !known(&self.nodes)? {
+            if Instant::now() >= deadline {
+                return Err(TestkitError::new(format!(
+                    "the node on port {port} was not known to every node within {READY_BOUND:?}"
+                )));
+            }
+            thread::sleep(POLL);
+        }
+        Ok(self.nodes.len() - 1)
+    }
+
     /// A running node to ask.
     fn any_running(&self) -> Result<&RedisServer, TestkitError> {
         self.nodes
@@ -282,6 +322,11 @@ impl RedisCluster {
 
 /// Starts one cluster-mode node with a bus port of its own.
 fn start_node() -> Result<RedisServer, TestkitError> {
+    start_node_on_bus().map(|(server, _)| server)
+}
+
+/// [`start_node`], and the port of its cluster bus.
+fn start_node_on_bus() -> Result<(RedisServer, u16), TestkitError> {
     let mut last = None;
     for _ in 0..START_ATTEMPTS {
         let bus = free_port()?;
@@ -298,7 +343,7 @@ fn start_node() -> Result<RedisServer, TestkitError> {
             .arg(bus.to_string())
             .try_start();
         match started {
-            Ok(server) => return Ok(server),
+            Ok(server) => return Ok((server, bus)),
             Err(e) => last = Some(e),
         }
     }

@@ -1,7 +1,7 @@
 //! Redis Cluster, against real `redis-server` processes in cluster mode
 //! joined by `redis-cli --cluster create` (started by the test kit).
 
-use crate::support::{client_with, eventually, slow_backoff, storage_key, subscribers};
+use crate::support::{client_with, eventually, hash_slot, slow_backoff, storage_key, subscribers};
 use lock_core::{
     LockClient, LockClientBuilder, LockError, LockOptions, current_lock, distributed_lock,
 };
@@ -348,19 +348,6 @@ async fn the_attribute_works_on_a_cluster() {
     }
 }
 
-/// CRC16 (XMODEM), which Redis Cluster hashes keys with.
-fn crc16(bytes: &[u8]) -> u16 {
-    bytes.iter().fold(0u16, |crc, &byte| {
-        (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
-            if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            }
-        })
-    })
-}
-
 /// `key`'s slot on `cluster`, and the ids of its primary `from` and of
 /// another primary `to`.
 fn slot_and_ids(
@@ -401,7 +388,7 @@ async fn a_slot_moved_while_a_lock_in_it_is_held_is_followed() {
     // Another key of the slot (checked against the server's own count).
     let sibling_key = (0..1_000_000)
         .map(|i| format!("sibling{i}"))
-        .find(|k| crc16(k.as_bytes()) % 16384 == slot)
+        .find(|k| hash_slot(k) == slot)
         .unwrap();
     assert_eq!(
         cluster.keyslot(&storage_key(PREFIX, &sibling_key)).unwrap(),

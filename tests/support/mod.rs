@@ -21,6 +21,21 @@ pub fn storage_key(prefix: &str, key: &str) -> String {
     format!("{prefix}{{{key}}}")
 }
 
+/// The Redis Cluster hash slot of a key whose hash tag is `tag` (so of
+/// every lock named `tag`): CRC16 (XMODEM) modulo 16384.
+pub fn hash_slot(tag: &str) -> u16 {
+    let crc = tag.bytes().fold(0u16, |crc, byte| {
+        (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
+            if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            }
+        })
+    });
+    crc % 16384
+}
+
 /// How long [`eventually`] waits between two looks.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 

@@ -342,6 +342,9 @@ pub(crate) struct Listener {
     pub(crate) subscription: Option<Subscription>,
     /// When the listeners mark was last set, and until when it lasts.
     marked: Option<(Instant, Instant)>,
+    /// [`Backend::moves`](crate::backend::Backend::moves) when it was set:
+    /// after a failover it is set again on the new primary.
+    marked_in: u64,
 }
 
 /// The key a waiter listens for.
@@ -405,12 +408,15 @@ impl Listener {
         }
         let now = Instant::now();
         let needed = left(now).min(LISTEN_FOR / 2);
-        if self
-            .marked
-            .is_some_and(|(at, until)| until >= now + needed && now < at + LISTEN_AGAIN)
+        let moves = inner.backend.moves();
+        if self.marked_in == moves
+            && self
+                .marked
+                .is_some_and(|(at, until)| until >= now + needed && now < at + LISTEN_AGAIN)
         {
             return;
         }
+        self.marked_in = moves;
         let how_long = (left(now) + LISTEN_MARGIN).min(LISTEN_FOR);
         let limit = inner.op_timeout.min(left(now));
         promise(limit);

@@ -3,11 +3,25 @@
 //!
 //! Every lock command touches keys of one hash slot (`<prefix>{<key>}` and
 //! `<prefix>{<key>}:fence`). The slot map comes from `CLUSTER SLOTS`, asked
-//! of any node known (the seeds, then the primaries seen); it is asked
-//! again when a node cannot be reached or answers `MOVED` (a failover, a
-//! slot moved), one refresh at a time. `ASK` (a slot being migrated) sends
-//! `ASKING` and the command together to the node named. `TRYAGAIN` and
-//! `CLUSTERDOWN` are retried within the call's bound.
+//! of any node known; it is asked again when a node cannot be reached or
+//! answers `MOVED` (a failover, a slot moved), one refresh at a time. `ASK`
+//! (a slot being migrated) sends `ASKING` and the command together to the
+//! node named. `CLUSTERDOWN` is retried within the call's bound.
+//!
+//! One view of the cluster per client ([`Topology`]): the heartbeat's
+//! twin, the release wake-ups and the operators' calls have connections of
+//! their own, but every slot map any of them learns is the map all of them
+//! use from their next command on, and every node named in any map (the
+//! replicas too) is a node any of them may ask for the next one. The seeds
+//! are only the way in: a client whose seeds are all gone still finds the
+//! cluster through the nodes it has heard of.
+//!
+//! While a slot migrates, a command whose keys are not all on one side is
+//! refused with `TRYAGAIN` until the migration ends (see ALGORITHMS.md,
+//! section 16). Such a command is retried once and then refused as
+//! [`migrating`](is_migrating), and the lock commands that can fall back
+//! to commands of one key each (which always complete on one side or the
+//! other) do so (see `commands.rs`).
 //!
 //! Each primary is a [`Node`]: lock-core's own connection, with its read
 //! turn, its unawaited release and its scripts loaded at connect, the same
@@ -15,8 +29,10 @@
 //! round trips as one server.
 
 use super::node::{Conn, redact};
+use super::wire::Hear;
 use super::{LockCommands, LockKeys, MinReplicas, Node, Server, Several};
 use crate::error::{ErrorKind, LockError, TimedOut, from_redis};
+use crate::observe;
 use crate::scripts::Wake;
 use crate::token::Token;
 use arc_swap::ArcSwapOption;
@@ -25,9 +41,16 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// How often the slot map is asked for while a primary cannot be reached,
+/// and for how long at most (a failover takes `cluster-node-timeout` and a
+/// vote: a few seconds).
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+const FOLLOW_FOR: Duration = Duration::from_secs(30);
 
 /// Hash slots in a cluster.
 const SLOTS: u16 = 16384;
@@ -39,41 +62,70 @@ const REDIRECTS: usize = 8;
 /// `CLUSTERDOWN` (a slot mid-migration, a failover under way).
 const TRY_AGAIN: Duration = Duration::from_millis(20);
 
+/// A node's address.
+type Addr = (String, u16);
+
 /// A Redis Cluster, and the nodes all locks share to it.
 pub(crate) struct ClusterNode {
-    /// A plain client per seed URL, for the release wake-ups (`PUBLISH` is
-    /// broadcast to every node of a cluster).
-    seeds: Vec<redis::Client>,
-    addr: String,
     /// Never set: `WAIT` is refused for a cluster by the builder.
     pub(crate) min_replicas: Option<MinReplicas>,
     routes: Arc<Routes>,
 }
 
-/// The slot map and the nodes.
-struct Routes {
-    /// The seeds' addresses, asked for the slot map when no primary answers.
-    seeds: Vec<(String, u16)>,
+/// What every part of one client knows of the cluster: shared by the
+/// client's connections and its twin's (the heartbeat's), and by its
+/// release wake-ups.
+pub(crate) struct Topology {
+    /// The seeds, for messages.
+    addr: String,
+    /// The seeds' addresses, asked with the primaries of the last map.
+    seeds: Vec<Addr>,
     /// The seeds' connection settings (credentials, database), for every
     /// node.
     info: redis::ConnectionInfo,
+    /// The last slot map any part of the client learnt.
+    layout: ArcSwapOption<Layout>,
+    /// Every node named in a slot map so far, primaries and replicas, and
+    /// the seeds: any of them can answer for the map.
+    known: Mutex<Vec<Addr>>,
+    /// Counts the maps learnt that moved a slot to another primary.
+    changes: AtomicU64,
+    /// Told of every such change (the waiters listen again: a failover may
+    /// have lost what they had set on the old primary).
+    on_change: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
+    /// Whether a task follows a failover (see [`Routes::follow_failover`]).
+    following: AtomicBool,
+}
+
+/// Which primary serves which slots, by address.
+struct Layout {
+    /// `(first slot, last slot, primary)`, sorted.
+    ranges: Vec<(u16, u16, Addr)>,
+    /// Set when a node of it could not be reached or a slot moved: the
+    /// next command asks for a new map first.
+    stale: AtomicBool,
+}
+
+/// The slot map and the nodes of one set of connections.
+struct Routes {
+    topology: Arc<Topology>,
     connect_timeout: Duration,
     /// Read by every command: lock-free.
     map: ArcSwapOption<SlotMap>,
     /// Every node seen, by address: a node's connection outlives the maps
     /// that name it.
-    nodes: Mutex<HashMap<(String, u16), Arc<Node>>>,
+    nodes: Mutex<HashMap<Addr, Arc<Node>>>,
     /// One refresh at a time; the others wait for it.
     refreshing: tokio::sync::Mutex<()>,
 }
 
-/// Which primary serves which slots.
+/// The [`Layout`] over this set's connections.
 struct SlotMap {
     /// `(first slot, last slot, primary)`, sorted.
     ranges: Vec<(u16, u16, Arc<Node>)>,
-    /// Set when a node of it could not be reached or a slot moved: the
-    /// next command asks for a new map first.
-    stale: std::sync::atomic::AtomicBool,
+    /// What it was made from: while that is the topology's layout and not
+    /// stale, this map is current.
+    from: Arc<Layout>,
 }
 
 impl SlotMap {
@@ -82,9 +134,105 @@ impl SlotMap {
         let (_, last, node) = self.ranges.get(at.checked_sub(1)?)?;
         (slot <= *last).then_some(node)
     }
+}
 
+impl Layout {
     fn is_stale(&self) -> bool {
-        self.stale.load(std::sync::atomic::Ordering::Acquire)
+        self.stale.load(Ordering::Acquire)
+    }
+
+    fn primaries(&self) -> impl Iterator<Item = &Addr> {
+        self.ranges.iter().map(|(_, _, at)| at)
+    }
+
+    /// Whether `other` has every slot on the same primary.
+    fn same_as(&self, other: &Layout) -> bool {
+        self.ranges == other.ranges
+    }
+}
+
+impl Topology {
+    /// Learns a slot map: the one every part of the client uses from now
+    /// on, with its nodes (`also`: the replicas) known from now on.
+    fn learn(&self, layout: Arc<Layout>, also: Vec<Addr>) {
+        {
+            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            for at in layout.primaries().cloned().chain(also) {
+                if !known.contains(&at) {
+                    known.push(at);
+                }
+            }
+        }
+        let before = self.layout.swap(Some(layout.clone()));
+        if before.is_some_and(|before| !before.same_as(&layout)) {
+            self.changes.fetch_add(1, Ordering::AcqRel);
+            let hooks = self
+                .on_change
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for hook in hooks.iter() {
+                hook();
+            }
+        }
+    }
+
+    /// The current layout, unless stale.
+    fn fresh(&self) -> Option<Arc<Layout>> {
+        self.layout.load_full().filter(|l| !l.is_stale())
+    }
+
+    fn stale(&self) {
+        if let Some(layout) = self.layout.load_full() {
+            layout.stale.store(true, Ordering::Release);
+        }
+    }
+
+    /// The nodes to ask for the slot map, best first: the primaries of the
+    /// last map, the seeds, then every other node heard of.
+    fn to_ask(&self) -> Vec<Addr> {
+        let mut asked: Vec<Addr> = Vec::new();
+        let mut add = |at: &Addr| {
+            if !asked.contains(at) {
+                asked.push(at.clone());
+            }
+        };
+        if let Some(layout) = self.layout.load_full() {
+            layout.primaries().for_each(&mut add);
+        }
+        self.seeds.iter().for_each(&mut add);
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .for_each(&mut add);
+        asked
+    }
+
+    /// A plain client for the `index`-th node to try for a subscriber
+    /// connection: the primaries first, then the other nodes heard of
+    /// (`PUBLISH` reaches every node of a cluster, so any live one hears
+    /// every release).
+    pub(crate) fn subscriber(&self, index: usize) -> Option<redis::Client> {
+        let asked = self.to_ask();
+        let (host, port) = asked.get(index % asked.len().max(1))?.clone();
+        let info = self
+            .info
+            .clone()
+            .set_addr(redis::ConnectionAddr::Tcp(host, port));
+        redis::Client::open(info).ok()
+    }
+
+    /// How many times a slot moved to another primary so far.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Calls `hook` whenever a slot map moves a slot to another primary.
+    pub(crate) fn on_change(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        self.on_change
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(hook);
     }
 }
 
@@ -133,49 +281,50 @@ impl ClusterNode {
             }
         }
         let shown: Vec<String> = addrs.iter().map(|(h, p)| format!("{h}:{p}")).collect();
-        let routes = Routes {
+        let topology = Topology {
+            addr: format!("cluster[{}]", shown.join(", ")),
+            known: Mutex::new(addrs.clone()),
             seeds: addrs,
             info: seeds[0].get_connection_info().clone(),
-            connect_timeout,
-            map: ArcSwapOption::empty(),
-            nodes: Mutex::new(HashMap::new()),
-            refreshing: tokio::sync::Mutex::new(()),
+            layout: ArcSwapOption::empty(),
+            changes: AtomicU64::new(0),
+            on_change: Mutex::new(Vec::new()),
+            following: AtomicBool::new(false),
         };
         Ok(ClusterNode {
-            seeds,
-            addr: format!("cluster[{}]", shown.join(", ")),
             min_replicas: None,
-            routes: Arc::new(routes),
+            routes: Arc::new(Routes::new(Arc::new(topology), connect_timeout)),
         })
     }
 
     /// The same cluster through connections of its own (see
-    /// [`Backend::twin`](super::Backend::twin)).
+    /// [`Backend::twin`](super::Backend::twin)), with the same view of it.
     pub(crate) fn twin(&self) -> ClusterNode {
-        let routes = &self.routes;
         ClusterNode {
-            seeds: self.seeds.clone(),
-            addr: self.addr.clone(),
             min_replicas: self.min_replicas,
-            routes: Arc::new(Routes {
-                seeds: routes.seeds.clone(),
-                info: routes.info.clone(),
-                connect_timeout: routes.connect_timeout,
-                map: ArcSwapOption::empty(),
-                nodes: Mutex::new(HashMap::new()),
-                refreshing: tokio::sync::Mutex::new(()),
-            }),
+            routes: Arc::new(Routes::new(
+                self.routes.topology.clone(),
+                self.routes.connect_timeout,
+            )),
         }
     }
 
-    /// Plain clients for the seed nodes, for the wake-up subscriptions.
-    pub(crate) fn seed_clients(&self) -> Vec<redis::Client> {
-        self.seeds.clone()
+    /// What every part of the client knows of the cluster.
+    pub(crate) fn topology(&self) -> &Arc<Topology> {
+        &self.routes.topology
     }
 
     /// The seed nodes' addresses, for messages.
     pub(crate) fn addr(&self) -> &str {
-        &self.addr
+        &self.routes.topology.addr
+    }
+
+    /// A cluster node over `routes`, for a release sent again.
+    fn over(routes: Arc<Routes>) -> ClusterNode {
+        ClusterNode {
+            min_replicas: None,
+            routes,
+        }
     }
 
     /// The primaries, in address order (from the slot map, asked for again
@@ -192,19 +341,18 @@ impl ClusterNode {
     /// map is fresh: for the calls that cannot follow a redirection (a
     /// release nobody waits for). `None` otherwise.
     fn settled_primary(&self, key: &str) -> Option<Arc<Node>> {
-        let map = self.routes.map.load_full()?;
-        if map.is_stale() {
-            return None;
-        }
+        let map = self.routes.current()?;
         map.primary(slot_of(key.as_bytes())).cloned()
     }
 
     /// Compare-and-delete sent to `key`'s primary without waiting for its
     /// reply, as to one server ([`Node::send_release`]), while the slot map
-    /// is fresh. Should the slot have moved meanwhile, the reply (`MOVED`)
-    /// is only logged and counted, and the lock expires with its ttl. With
-    /// no fresh map, or when the primary cannot be reached, the release is
-    /// sent and waited for, following redirections.
+    /// is fresh. Should the slot be migrating or have moved meanwhile, or
+    /// the connection break, the reply says so and the release is sent
+    /// again in the background, through the cluster's redirections
+    /// ([`hear_release`]). With no fresh map, or when the primary cannot be
+    /// reached, the release is sent and waited for, following
+    /// redirections.
     pub(crate) async fn send_release(
         &self,
         key: &str,
@@ -213,8 +361,9 @@ impl ClusterNode {
     ) -> Result<(), LockError> {
         if let Some(primary) = self.settled_primary(key) {
             let started = Instant::now();
+            let hear = || hear_release(&self.routes, key, token, limit);
             if primary
-                .send_release(key, token, self.wake(), limit)
+                .send_release_hearing(key, token, self.wake(), limit, hear)
                 .await
                 .is_ok()
             {
@@ -230,19 +379,98 @@ impl ClusterNode {
     /// [`send_release`](Self::send_release) without waiting for anything
     /// (see [`Node::release_now`]): `false` when the slot map is not fresh
     /// or the primary's connection cannot take it now.
-    pub(crate) fn release_now(&self, key: &str, token: &Token) -> bool {
-        self.settled_primary(key)
-            .is_some_and(|primary| primary.release_now(key, token, self.wake()))
+    pub(crate) fn release_now(&self, key: &str, token: &Token, limit: Duration) -> bool {
+        self.settled_primary(key).is_some_and(|primary| {
+            let hear = || hear_release(&self.routes, key, token, limit);
+            primary.release_now_hearing(key, token, self.wake(), hear)
+        })
     }
 }
 
+/// What hears a release sent to a key's primary without waiting for its
+/// reply: a redirection (the slot migrating or moved), `TRYAGAIN`,
+/// `CLUSTERDOWN` or a broken connection has the release sent again, in the
+/// background, through the cluster's redirections, within `limit`; any
+/// other answer is only logged, as for one server.
+fn hear_release(routes: &Arc<Routes>, key: &str, token: &Token, limit: Duration) -> Hear {
+    let routes = Arc::downgrade(routes);
+    let key = key.to_owned();
+    let token = token.clone();
+    Hear::Then(Box::new(move |reply| {
+        let again = match &reply {
+            Ok(Value::ServerError(e)) => {
+                matches!(e.code(), "ASK" | "MOVED" | "TRYAGAIN" | "CLUSTERDOWN")
+            }
+            Ok(_) => false,
+            Err(_) => true,
+        };
+        if !again {
+            return observe::unheard_release(reply);
+        }
+        let Some(routes) = routes.upgrade() else {
+            return observe::unheard_release(reply);
+        };
+        crate::background::spawn(async move {
+            let node = ClusterNode::over(routes);
+            if let Err(error) = node.release(&key, &token, limit).await {
+                observe::unheard_release(Err(redis::RedisError::from(std::io::Error::other(
+                    error.to_string(),
+                ))));
+            }
+        });
+    }))
+}
+
 impl Routes {
+    fn new(topology: Arc<Topology>, connect_timeout: Duration) -> Routes {
+        Routes {
+            topology,
+            connect_timeout,
+            map: ArcSwapOption::empty(),
+            nodes: Mutex::new(HashMap::new()),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// After `node` could not be reached for `slot`: asks for the slot map
+    /// every [`FOLLOW_EVERY`], for at most [`FOLLOW_FOR`], until `slot` has
+    /// another primary, so that every part of the client learns of a
+    /// failover when it happens, not at its next command: waiters are
+    /// woken then ([`Topology::on_change`]). One such task per client.
+    fn follow_failover(self: &Arc<Self>, node: &Arc<Node>, slot: u16) {
+        if self.topology.following.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let routes = Arc::downgrade(self);
+        let topology = self.topology.clone();
+        let node = node.clone();
+        crate::background::spawn(async move {
+            let until = Instant::now() + FOLLOW_FOR;
+            while Instant::now() < until {
+                tokio::time::sleep(FOLLOW_EVERY).await;
+                let Some(routes) = routes.upgrade() else {
+                    break;
+                };
+                routes.stale();
+                let asked = routes.map(Instant::now() + FOLLOW_EVERY * 5).await;
+                if asked.is_ok_and(|map| {
+                    map.primary(slot)
+                        .is_some_and(|primary| !Arc::ptr_eq(primary, &node))
+                }) {
+                    break;
+                }
+            }
+            topology.following.store(false, Ordering::Release);
+        });
+    }
+
     fn node_at(&self, host: &str, port: u16) -> Result<Arc<Node>, LockError> {
         let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(node) = nodes.get(&(host.to_owned(), port)) {
             return Ok(node.clone());
         }
         let info = self
+            .topology
             .info
             .clone()
             .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port));
@@ -254,45 +482,82 @@ impl Routes {
         Ok(node)
     }
 
-    /// The slot map, asked for when there is none or it went stale, within
-    /// `deadline`.
+    /// This set's map of the client's current layout, when that is not
+    /// stale: two atomic reads.
+    fn current(&self) -> Option<Arc<SlotMap>> {
+        let map = self.map.load_full()?;
+        let layout = self.topology.layout.load();
+        let current = layout
+            .as_ref()
+            .is_some_and(|l| Arc::ptr_eq(l, &map.from) && !l.is_stale());
+        current.then_some(map)
+    }
+
+    /// The slot map, within `deadline`: the client's current layout, or,
+    /// when there is none or it went stale, a new one asked for.
     async fn map(&self, deadline: Instant) -> Result<Arc<SlotMap>, LockError> {
-        if let Some(map) = self.map.load_full().filter(|m| !m.is_stale()) {
+        if let Some(map) = self.current() {
             return Ok(map);
         }
         let _turn = tokio::time::timeout_at(deadline, self.refreshing.lock())
             .await
             .map_err(|_| unanswered("the cluster's slot map"))?;
-        // Another refresh may have ended while this one waited its turn.
-        if let Some(map) = self.map.load_full().filter(|m| !m.is_stale()) {
+        // Another refresh may have ended while this one waited its turn,
+        // here or in another part of the client.
+        if let Some(map) = self.current() {
             return Ok(map);
         }
-        let map = Arc::new(self.ask_slots(deadline).await?);
+        let layout = match self.topology.fresh() {
+            Some(layout) => layout,
+            None => {
+                let (layout, replicas) = self.ask_slots(deadline).await?;
+                let layout = Arc::new(layout);
+                self.topology.learn(layout.clone(), replicas);
+                layout
+            }
+        };
+        let ranges = layout
+            .ranges
+            .iter()
+            .map(|(first, last, (host, port))| Ok((*first, *last, self.node_at(host, *port)?)))
+            .collect::<Result<Vec<_>, LockError>>()?;
+        let map = Arc::new(SlotMap {
+            ranges,
+            from: layout,
+        });
         self.map.store(Some(map.clone()));
         Ok(map)
     }
 
-    /// Asks the known primaries and the seeds for `CLUSTER SLOTS`, all at
-    /// once: the first readable answer wins, so a node that is down or
-    /// frozen costs nothing. A map that is out of date (asked of a node
-    /// that has not heard of a failover yet) is corrected by the `MOVED`
-    /// its first command gets.
-    async fn ask_slots(&self, deadline: Instant) -> Result<SlotMap, LockError> {
-        let mut asked: Vec<(String, u16)> = Vec::new();
-        if let Some(map) = self.map.load_full() {
-            for (_, _, node) in &map.ranges {
-                if let Some(at) = host_port(node.addr())
-                    && !asked.contains(&at)
-                {
-                    asked.push(at);
-                }
-            }
+    /// Asks the nodes known for `CLUSTER SLOTS`: the primaries of the last
+    /// map and the seeds all at once, where the first readable answer wins,
+    /// so a node that is down or frozen costs nothing; should none of them
+    /// answer, every other node heard of (replicas, nodes that were
+    /// primaries once). A map that is out of date (asked of a node that
+    /// has not heard of a failover yet) is corrected by the `MOVED` its
+    /// first command gets. With the map, the replicas it names.
+    async fn ask_slots(&self, deadline: Instant) -> Result<(Layout, Vec<Addr>), LockError> {
+        let all = self.topology.to_ask();
+        let mut first: Vec<Addr> = Vec::new();
+        if let Some(layout) = self.topology.layout.load_full() {
+            first.extend(layout.primaries().cloned());
         }
-        for seed in &self.seeds {
-            if !asked.contains(seed) {
-                asked.push(seed.clone());
-            }
+        first.extend(self.topology.seeds.iter().cloned());
+        let (first, rest): (Vec<Addr>, Vec<Addr>) =
+            all.into_iter().partition(|at| first.contains(at));
+        match self.ask_any(first, deadline).await {
+            Ok(answer) => Ok(answer),
+            Err(e) if rest.is_empty() => Err(e),
+            Err(_) => self.ask_any(rest, deadline).await,
         }
+    }
+
+    /// `CLUSTER SLOTS` of whichever of `asked` answers first.
+    async fn ask_any(
+        &self,
+        asked: Vec<Addr>,
+        deadline: Instant,
+    ) -> Result<(Layout, Vec<Addr>), LockError> {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut asks = Vec::with_capacity(asked.len());
         for (host, port) in asked {
@@ -306,8 +571,12 @@ impl Routes {
                             .await
                     })
                     .await?;
-                self.slot_map(&slots)
+                slot_map(&slots)
             }));
+        }
+        if asks.is_empty() {
+            return Err(LockError::new(ErrorKind::Unavailable)
+                .with_message("no node of the cluster is known to ask for its slot map"));
         }
         match futures::future::select_ok(asks).await {
             Ok((map, _)) => Ok(map),
@@ -315,51 +584,10 @@ impl Routes {
         }
     }
 
-    /// The map a `CLUSTER SLOTS` answer gives:
-    /// `[[first, last, [host, port, id, ..], replicas..], ..]`.
-    fn slot_map(&self, slots: &Value) -> Result<SlotMap, LockError> {
-        let malformed = || {
-            LockError::new(ErrorKind::Server)
-                .with_message("CLUSTER SLOTS answered in a shape lock-core cannot read")
-        };
-        let Value::Array(ranges) = slots else {
-            return Err(malformed());
-        };
-        let mut map = Vec::with_capacity(ranges.len());
-        for range in ranges {
-            let Value::Array(fields) = range else {
-                return Err(malformed());
-            };
-            let number =
-                |v: Option<&Value>| -> Option<u16> { redis::from_redis_value_ref::<u16>(v?).ok() };
-            let (Some(first), Some(last), Some(Value::Array(primary))) =
-                (number(fields.first()), number(fields.get(1)), fields.get(2))
-            else {
-                return Err(malformed());
-            };
-            let host: String = primary
-                .first()
-                .and_then(|v| redis::from_redis_value_ref(v).ok())
-                .ok_or_else(malformed)?;
-            let port = number(primary.get(1)).ok_or_else(malformed)?;
-            map.push((first, last, self.node_at(&host, port)?));
-        }
-        if map.is_empty() {
-            return Err(LockError::new(ErrorKind::Unavailable)
-                .with_message("the cluster serves no slots (CLUSTER SLOTS answered none)"));
-        }
-        map.sort_by_key(|(first, _, _)| *first);
-        Ok(SlotMap {
-            ranges: map,
-            stale: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// Marks the map stale: the next command asks for a new one.
+    /// Marks the client's layout stale: the next command of any part of
+    /// the client asks for a new one.
     fn stale(&self) {
-        if let Some(map) = self.map.load_full() {
-            map.stale.store(true, std::sync::atomic::Ordering::Release);
-        }
+        self.topology.stale();
     }
 
     /// Sends `cmd` to the primary of its slot (any node for a command
@@ -371,12 +599,14 @@ impl Routes {
         cmd: &Cmd,
         last: &mut Option<Arc<Node>>,
         deadline: Instant,
-        lost: &Mutex<Option<LockError>>,
+        lost: &Mutex<Option<Lost>>,
     ) -> redis::RedisResult<Value> {
         let slot = routing_slot(cmd);
         // Where a redirection sends the command next, and whether it is an
         // `ASK` (sent after `ASKING`).
         let mut redirected: Option<(Arc<Node>, bool)> = None;
+        let mut tried_again = 0;
+        let mut down = false;
         for _ in 0..REDIRECTS {
             let to = redirected.take();
             let node = match (&to, slot, &*last) {
@@ -418,7 +648,11 @@ impl Routes {
                 Err(e) => {
                     // Unreachable, or not answering: maybe failed over.
                     self.stale();
-                    return Err(keep(lost, e));
+                    let message = e.to_string();
+                    let at = slot.map(|slot| (node.clone(), slot));
+                    *lost.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(Lost { err: e, at });
+                    return Err(dropped(message));
                 }
             };
             let Err(e) = &answer else {
@@ -441,9 +675,19 @@ impl Routes {
                     let node = self.node_at(&host, port).map_err(|e| keep(lost, e))?;
                     redirected = Some((node, ask));
                 }
-                redis::ErrorKind::Server(
-                    redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::ClusterDown,
-                ) => {
+                // Some of the command's keys are on the other side of a
+                // slot migration: they may be moving right now, so once
+                // more, and then the caller is told (see `is_migrating`).
+                redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) => {
+                    tried_again += 1;
+                    if tried_again > 1 {
+                        return answer;
+                    }
+                    let pause = TRY_AGAIN.min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::time::sleep(pause).await;
+                }
+                redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown) => {
+                    down = true;
                     let pause = TRY_AGAIN.min(deadline.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(pause).await;
                     self.stale();
@@ -451,13 +695,75 @@ impl Routes {
                 _ => return answer,
             }
         }
+        let why = if down {
+            "the cluster is down (CLUSTERDOWN: a slot has no primary, or too few nodes \
+             see each other); CLUSTER INFO on a node says which"
+                .to_owned()
+        } else {
+            format!("the cluster redirected a command {REDIRECTS} times: its slots are moving")
+        };
         Err(keep(
             lost,
-            LockError::new(ErrorKind::Unavailable).with_message(format!(
-                "the cluster redirected a command {REDIRECTS} times: its slots are moving"
-            )),
+            LockError::new(ErrorKind::Unavailable).with_message(why),
         ))
     }
+}
+
+/// The layout a `CLUSTER SLOTS` answer gives, and the replicas it names:
+/// `[[first, last, [host, port, id, ..], replicas..], ..]`.
+fn slot_map(slots: &Value) -> Result<(Layout, Vec<Addr>), LockError> {
+    let malformed = || {
+        LockError::new(ErrorKind::Server)
+            .with_message("CLUSTER SLOTS answered in a shape lock-core cannot read")
+    };
+    let Value::Array(ranges) = slots else {
+        return Err(malformed());
+    };
+    let number = |v: Option<&Value>| -> Option<u16> { redis::from_redis_value_ref::<u16>(v?).ok() };
+    let node = |v: &Value| -> Option<Addr> {
+        let Value::Array(node) = v else {
+            return None;
+        };
+        let host: String = node
+            .first()
+            .and_then(|v| redis::from_redis_value_ref(v).ok())?;
+        Some((host, number(node.get(1))?))
+    };
+    let mut map = Vec::with_capacity(ranges.len());
+    let mut replicas = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return Err(malformed());
+        };
+        let (Some(first), Some(last), Some(primary)) = (
+            number(fields.first()),
+            number(fields.get(1)),
+            fields.get(2).and_then(node),
+        ) else {
+            return Err(malformed());
+        };
+        map.push((first, last, primary));
+        replicas.extend(fields.iter().skip(3).filter_map(node));
+    }
+    if map.is_empty() {
+        return Err(LockError::new(ErrorKind::Unavailable)
+            .with_message("the cluster serves no slots (CLUSTER SLOTS answered none)"));
+    }
+    map.sort_by_key(|(first, _, _)| *first);
+    let layout = Layout {
+        ranges: map,
+        stale: AtomicBool::new(false),
+    };
+    Ok((layout, replicas))
+}
+
+/// Whether `err` is a command refused because its keys are on both sides
+/// of a slot migration (`TRYAGAIN`, see [`Routes::send`]): the lock
+/// commands that can, do the same with commands of one key each.
+pub(crate) fn is_migrating(err: &LockError) -> bool {
+    std::error::Error::source(err)
+        .and_then(|source| source.downcast_ref::<redis::RedisError>())
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain))
 }
 
 /// `cmd`'s answer on `conn`, after `ASKING` when `asking`; an error reply
@@ -474,13 +780,27 @@ async fn answered(mut conn: Conn, cmd: &Cmd, asking: bool) -> redis::RedisResult
 
 /// Keeps `err` for the call to report, and stands for it as a dropped
 /// connection (`Routed`'s callers see the `redis` crate's errors).
-fn keep(lost: &Mutex<Option<LockError>>, err: LockError) -> redis::RedisError {
+fn keep(lost: &Mutex<Option<Lost>>, err: LockError) -> redis::RedisError {
     let message = err.to_string();
-    *lost.lock().unwrap_or_else(PoisonError::into_inner) = Some(err);
+    *lost.lock().unwrap_or_else(PoisonError::into_inner) = Some(Lost { err, at: None });
+    dropped(message)
+}
+
+/// A dropped connection saying `message`.
+fn dropped(message: String) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionAborted,
         message,
     ))
+}
+
+/// Why a cluster call could not be answered, for the call to report.
+struct Lost {
+    err: LockError,
+    /// The node that could not be reached, and the slot the command was
+    /// for: when the slot has another primary now (a failover), the
+    /// command is sent there (see [`ClusterNode::failed_over`]).
+    at: Option<(Arc<Node>, u16)>,
 }
 
 /// `what` did not answer within the call's bound.
@@ -508,7 +828,7 @@ pub(crate) struct Routed {
     /// The node of the previous command.
     last: Option<Arc<Node>>,
     /// Why the node could not be reached, for the call to report.
-    lost: Arc<Mutex<Option<LockError>>>,
+    lost: Arc<Mutex<Option<Lost>>>,
 }
 
 impl ConnectionLike for Routed {
@@ -543,11 +863,26 @@ impl ConnectionLike for Routed {
     }
 }
 
+impl ClusterNode {
+    /// Whether the slot of a command that `at` could not serve has another
+    /// primary in a map asked for now.
+    async fn failed_over(&self, at: Option<(Arc<Node>, u16)>, deadline: Instant) -> bool {
+        let Some((node, slot)) = at else {
+            return false;
+        };
+        let Ok(map) = self.routes.map(deadline).await else {
+            return false;
+        };
+        map.primary(slot)
+            .is_some_and(|primary| !Arc::ptr_eq(primary, &node))
+    }
+}
+
 impl Server for ClusterNode {
     type Conn = Routed;
 
     fn addr(&self) -> &str {
-        &self.addr
+        ClusterNode::addr(self)
     }
 
     fn min_replicas(&self) -> Option<MinReplicas> {
@@ -587,7 +922,7 @@ impl Server for ClusterNode {
                     Err(_) => {
                         self.routes.stale();
                         return Err(LockError::new(ErrorKind::Unavailable)
-                            .with_message(format!("{} did not answer", self.addr))
+                            .with_message(format!("{} did not answer", self.addr()))
                             .with_source(TimedOut { after: limit }));
                     }
                 };
@@ -598,8 +933,18 @@ impl Server for ClusterNode {
                 let lost = lost.lock().unwrap_or_else(PoisonError::into_inner).take();
                 match lost {
                     // A node could not be reached, or its connection broke.
-                    Some(err) => {
-                        if retry_on_drop && !retried && Instant::now() < deadline {
+                    Some(Lost { err, at }) => {
+                        if let Some((node, slot)) = &at {
+                            self.routes.follow_failover(node, *slot);
+                        }
+                        // A call that is not safe to repeat is sent again
+                        // where its slot's primary moved: the node that
+                        // failed is no longer the primary, so whatever it
+                        // did does not stand.
+                        if !retried
+                            && Instant::now() < deadline
+                            && (retry_on_drop || self.failed_over(at, deadline).await)
+                        {
                             retried = true;
                             continue;
                         }
@@ -759,7 +1104,7 @@ mod tests {
             node.as_ref()
                 .is_ok_and(|n| n.addr() == "cluster[127.0.0.1:7000, 127.0.0.1:7001]")
         );
-        assert!(node.is_ok_and(|n| n.seed_clients().len() == 2));
+        assert!(node.is_ok_and(|n| n.topology().to_ask().len() == 2));
     }
 
     /// The slots Redis computes (`CLUSTER KEYSLOT`), hash tags included.

@@ -1,5 +1,6 @@
 //! The lock commands on one server connection, over [`Server::call`].
 
+use super::cluster::is_migrating;
 use super::{
     Attempt, BATCH, Batched, LockKeys, MinReplicas, Renewable, Server, Several, SharedAttempt,
     SharedKeys, SharedLease,
@@ -31,6 +32,24 @@ pub(crate) trait LockCommands: Server {
     /// connection) and the attempt fails as [`ErrorKind::Unavailable`], so
     /// the acquisition loop retries within its wait.
     async fn acquire(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Attempt, LockError> {
+        let started = tokio::time::Instant::now();
+        match self.acquire_at_once(keys, token, ttl, limit).await {
+            Err(e) if is_migrating(&e) => {
+                let left = limit.saturating_sub(started.elapsed());
+                self.acquire_key_by_key(keys, token, ttl, left).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// [`acquire`](Self::acquire) in one command.
+    async fn acquire_at_once(
         &self,
         keys: &LockKeys<'_>,
         token: &Token,
@@ -98,22 +117,7 @@ pub(crate) trait LockCommands: Server {
                     async move {
                         let answer: (i64, i64) = match inv.invoke(&mut conn).await? {
                             Reply { granted: 1, n, .. } => (1, n),
-                            Reply {
-                                n: pttl, foreign, ..
-                            } => {
-                                // PTTL: -2 gone since (free now), -1 no
-                                // expiry (not a lock of ours: unknown).
-                                let left = match pttl {
-                                    -1 => None,
-                                    ms => Some(Duration::from_millis(ms.max(0) as u64)),
-                                };
-                                let busy = Attempt::Busy {
-                                    left,
-                                    foreign,
-                                    ahead: false,
-                                };
-                                return Ok((busy, None));
-                            }
+                            busy => return Ok((busy.busy(), None)),
                         };
                         let short = replicate(&mut conn, min, &[keys.lock], token).await?;
                         let fence = fence_key.map(|_| answer.1.max(0) as u64);
@@ -126,6 +130,73 @@ pub(crate) trait LockCommands: Server {
         match (short, min) {
             (Some(acked), Some(min)) => Err(too_few_replicas(acked, min, self.addr())),
             _ => Ok(attempt),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) while the key's slot migrates and some of
+    /// the keys of the one-command form are on the other side (see
+    /// `cluster.rs`): with commands of one key each, which always complete
+    /// on one side or the other. The lock is taken without its writer mark
+    /// (which only keeps shared holders out while an exclusive one waits);
+    /// fenced, the counter then gives the next token and the lock's value
+    /// gets it, while the lock is still ours. The token is as good as the
+    /// one-command form's: the counter is raised while the lock is held,
+    /// so the next holder's token, drawn after this lock is gone, is
+    /// larger. Should a step fail, the lock is released again.
+    async fn acquire_key_by_key(
+        &self,
+        keys: &LockKeys<'_>,
+        token: &Token,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<Attempt, LockError> {
+        let started = tokio::time::Instant::now();
+        let left = || limit.saturating_sub(started.elapsed());
+        let ttl_ms = ttl_millis(ttl);
+        let reply: Reply = self
+            .call(left(), false, |mut conn| {
+                let mut inv = Eval::new(&scripts::ACQUIRE, 1);
+                inv.key(keys.lock)
+                    .arg(keys.value_of(token))
+                    .arg(ttl_ms)
+                    .arg(0);
+                async move { inv.invoke(&mut conn).await }
+            })
+            .await?;
+        if reply.granted != 1 {
+            return Ok(reply.busy());
+        }
+        let Some(fence_key) = keys.fence else {
+            return Ok(Attempt::Granted { fence: None });
+        };
+        let keep = ttl_millis(fence_retention(ttl));
+        let fenced = async {
+            let fence: u64 = self
+                .call(left(), false, |mut conn| {
+                    let mut inv = Eval::new(&scripts::NEXT_FENCE, 1);
+                    inv.key(fence_key).arg(keep);
+                    async move { inv.invoke(&mut conn).await }
+                })
+                .await?;
+            let marked: i64 = self
+                .call(left(), true, |mut conn| {
+                    let mut inv = Eval::new(&scripts::MARK_FENCE, 1);
+                    inv.key(keys.lock).arg(token).arg(fence);
+                    async move { inv.invoke(&mut conn).await }
+                })
+                .await?;
+            Ok::<_, LockError>((fence, marked == 1))
+        };
+        match fenced.await {
+            Ok((fence, true)) => Ok(Attempt::Granted { fence: Some(fence) }),
+            // Gone meanwhile (expired): as if found held.
+            Ok((_, false)) => Ok(Attempt::HELD),
+            Err(e) => {
+                let _ = self
+                    .undo(keys.lock, token, left().max(Duration::from_millis(1)))
+                    .await;
+                Err(e)
+            }
         }
     }
 
@@ -297,13 +368,22 @@ pub(crate) trait LockCommands: Server {
         publish: bool,
         limit: Duration,
     ) -> Result<bool, LockError> {
-        let released: i64 = self
-            .call(limit, true, |mut conn| {
-                let wake = if publish { self.wake() } else { Wake::Nobody };
+        let started = tokio::time::Instant::now();
+        let wake = if publish { self.wake() } else { Wake::Nobody };
+        let release = |wake: Wake, limit: Duration| {
+            self.call(limit, true, move |mut conn| {
                 let inv = scripts::release_call(key, token, wake);
-                async move { inv.invoke(&mut conn).await }
+                async move { inv.invoke::<i64>(&mut conn).await }
             })
-            .await?;
+        };
+        let released = match release(wake, limit).await {
+            // The listeners mark is on the other side of a slot migration:
+            // the lock alone, publishing whether anyone listens or not.
+            Err(e) if wake == Wake::Listeners && is_migrating(&e) => {
+                release(Wake::Everyone, limit.saturating_sub(started.elapsed())).await?
+            }
+            answer => answer?,
+        };
         Ok(released == 1)
     }
 
@@ -593,6 +673,23 @@ struct Reply {
     n: i64,
     /// Busy: the value is not one of lock-core's.
     foreign: bool,
+}
+
+impl Reply {
+    /// The attempt a busy answer stands for.
+    fn busy(&self) -> Attempt {
+        // PTTL: -2 gone since (free now), -1 no expiry (not a lock of
+        // ours: unknown).
+        let left = match self.n {
+            -1 => None,
+            ms => Some(Duration::from_millis(ms.max(0) as u64)),
+        };
+        Attempt::Busy {
+            left,
+            foreign: self.foreign,
+            ahead: false,
+        }
+    }
 }
 
 impl redis::FromRedisValue for Reply {

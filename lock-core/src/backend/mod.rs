@@ -287,6 +287,10 @@ impl Backend {
         }
     }
 
+    /// How long a cluster's release that was redirected is given when sent
+    /// again, when the caller set no bound (see [`release_now`](Self::release_now)).
+    const RELEASE_AGAIN: Duration = Duration::from_secs(2);
+
     /// Releases `key` without waiting for anything, where that can be done
     /// (see [`Node::release_now`]; in memory, it is done): `true` once the
     /// compare-and-delete is written to every server. For a guard dropped
@@ -296,7 +300,7 @@ impl Backend {
         match self {
             Backend::Single(node) => node.release_now(key, token, Wake::Everyone),
             Backend::Redlock(quorum) => quorum.release_now(key, token),
-            Backend::Cluster(node) => node.release_now(key, token),
+            Backend::Cluster(node) => node.release_now(key, token, Self::RELEASE_AGAIN),
             Backend::Memory(store) => {
                 store.release(key, token);
                 true
@@ -376,15 +380,26 @@ impl Backend {
         }
     }
 
+    /// How many times a slot of the cluster moved to another primary so
+    /// far, as this client learnt it (0 elsewhere): a waiter marks again
+    /// that it listens after each.
+    pub(crate) fn moves(&self) -> u64 {
+        match self {
+            Backend::Cluster(node) => node.topology().changes(),
+            _ => 0,
+        }
+    }
+
     /// The wake-up channels for this backend's servers. A Sentinel node has
     /// none (its server changes with failovers): its waiters poll, on their
     /// backoff timer.
     pub(crate) fn wakeups(&self) -> Wakeups {
         match self {
             Backend::Memory(store) => Wakeups::local(store.channels()),
-            // PUBLISH reaches every node of a cluster: a hub on each seed
-            // node (each hears every release; a waiter wakes on the first).
-            Backend::Cluster(node) => Wakeups::new(node.seed_clients()),
+            // PUBLISH reaches every node of a cluster: hubs on any nodes
+            // the client knows (each hears every release; a waiter wakes
+            // on the first).
+            Backend::Cluster(node) => Wakeups::cluster(node.topology()),
             _ => Wakeups::new(self.nodes().iter().filter_map(Node::redis_client).collect()),
         }
     }

@@ -3,7 +3,7 @@
 
 use super::Server;
 use super::connection::{self, Failure, Opens, SharedConnection, TakesCalls};
-use super::wire::{TlsConfig, Wire};
+use super::wire::{Hear, TlsConfig, Wire};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
 use crate::scripts::{self, Wake};
@@ -430,11 +430,27 @@ impl Node {
         wake: Wake,
         limit: Duration,
     ) -> Result<(), LockError> {
+        let hear = || Hear::Log(observe::unheard_release);
+        self.send_release_hearing(key, token, wake, limit, hear)
+            .await
+    }
+
+    /// [`send_release`](Self::send_release), its reply heard by what
+    /// `hear` makes.
+    pub(crate) async fn send_release_hearing(
+        &self,
+        key: &str,
+        token: &Token,
+        wake: Wake,
+        limit: Duration,
+        hear: impl Fn() -> Hear + Send + Sync,
+    ) -> Result<(), LockError> {
+        let hear = &hear;
         self.call(limit, false, |conn| async move {
             let inv = scripts::release_call(key, token, wake);
             match conn {
                 Conn::Wire(wire) if wire.scripts_loaded() => {
-                    wire.send_unheard(inv.cmd(), observe::unheard_release).await
+                    wire.send_unheard(inv.cmd(), hear()).await
                 }
                 mut conn => {
                     // The first release on a connection (or the first after
@@ -460,10 +476,22 @@ impl Node {
     /// scripts loaded; otherwise `false`, and the caller releases some
     /// other way (the command is safe to repeat).
     pub(crate) fn release_now(&self, key: &str, token: &Token, wake: Wake) -> bool {
+        self.release_now_hearing(key, token, wake, || Hear::Log(observe::unheard_release))
+    }
+
+    /// [`release_now`](Self::release_now), its reply heard by what `hear`
+    /// makes.
+    pub(crate) fn release_now_hearing(
+        &self,
+        key: &str,
+        token: &Token,
+        wake: Wake,
+        hear: impl FnOnce() -> Hear,
+    ) -> bool {
         match self.connection.current() {
             Some(Conn::Wire(wire)) if wire.scripts_loaded() => {
                 let inv = scripts::release_call(key, token, wake);
-                wire.send_unheard_now(inv.cmd(), observe::unheard_release)
+                wire.send_unheard_now(inv.cmd(), hear())
             }
             _ => false,
         }

@@ -20,6 +20,7 @@
 //! process first in every later race. A sweep also drops channels nobody
 //! waits on, should an unsubscribe have been lost with a connection.
 
+use super::cluster::Topology;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::{HashMap, HashSet};
@@ -30,6 +31,10 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 /// How often a hub drops channels without waiters.
 const SWEEP: Duration = Duration::from_secs(5);
+
+/// Subscriber connections of a client to a cluster: two, on two nodes, so
+/// that one node going away costs no release message while its hub moves.
+const CLUSTER_HUBS: usize = 2;
 
 /// The wake-up channels of one client, over all its servers.
 pub(crate) struct Wakeups {
@@ -46,6 +51,13 @@ pub(crate) struct Channels {
 impl Channels {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Channel>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes every waiter: a release may have been missed.
+    fn wake_all(&self) {
+        for channel in self.lock().values() {
+            channel.released.notify_waiters();
+        }
     }
 
     /// Wakes the waiters of `channel` (a release seen in-process).
@@ -101,10 +113,31 @@ impl Drop for Subscription {
     }
 }
 
-/// One server's subscriber connection, run by a task.
+/// One subscriber connection, run by a task.
 struct Hub {
-    client: redis::Client,
+    source: Source,
     live: Mutex<Option<HubHandle>>,
+}
+
+/// Where a hub connects.
+#[derive(Clone)]
+enum Source {
+    /// One server.
+    Server(Box<redis::Client>),
+    /// Any live node of a cluster, the `n`-th of those the client knows
+    /// first, the next one after each failed attempt: `PUBLISH` reaches
+    /// every node, so any node hears every release.
+    Cluster(Arc<Topology>, usize),
+}
+
+impl Source {
+    /// The client to connect with after `failed` failed attempts.
+    fn client(&self, failed: u32) -> Option<redis::Client> {
+        match self {
+            Source::Server(client) => Some(redis::Client::clone(client)),
+            Source::Cluster(topology, n) => topology.subscriber(n + failed as usize),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -132,7 +165,32 @@ impl Wakeups {
             hubs: clients
                 .into_iter()
                 .map(|client| Hub {
-                    client,
+                    source: Source::Server(Box::new(client)),
+                    live: Mutex::new(None),
+                })
+                .collect(),
+        }
+    }
+
+    /// Wake-ups through a cluster's nodes: [`CLUSTER_HUBS`] subscriber
+    /// connections, each to a different node while the client knows
+    /// several, each moving to another node when its own goes. When a
+    /// slot moves to another primary (a failover), every waiter is woken
+    /// to look again and mark again that it listens: what it had marked
+    /// on the old primary may not have reached the new one.
+    pub(crate) fn cluster(topology: &Arc<Topology>) -> Wakeups {
+        let channels: Arc<Channels> = Arc::default();
+        let woken = Arc::downgrade(&channels);
+        topology.on_change(Box::new(move || {
+            if let Some(channels) = woken.upgrade() {
+                channels.wake_all();
+            }
+        }));
+        Wakeups {
+            channels,
+            hubs: (0..CLUSTER_HUBS)
+                .map(|n| Hub {
+                    source: Source::Cluster(topology.clone(), n),
                     live: Mutex::new(None),
                 })
                 .collect(),
@@ -234,14 +292,14 @@ impl Hub {
             requests,
             alive: alive.clone(),
         };
-        let client = self.client.clone();
+        let source = self.source.clone();
         let channels = Arc::downgrade(channels);
         // Not on the caller's runtime: a waiter on another runtime must
         // hear releases while this one's threads are blocked, and after it
         // shut down.
         crate::background::spawn(async move {
             let _alive = Alive(alive);
-            serve(client, channels, inbox).await;
+            serve(source, channels, inbox).await;
         });
         *live = Some(handle.clone());
         Some(handle)
@@ -265,20 +323,24 @@ impl Drop for Alive {
 /// it was away was missed, so each looks again. Ends when the client is
 /// gone.
 async fn serve(
-    client: redis::Client,
+    source: Source,
     channels: std::sync::Weak<Channels>,
     mut inbox: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut attempt = 0u32;
+    // Which node next, on a cluster: one further after each failure.
+    let mut tries = 0u32;
     let mut reconnected = false;
     loop {
         // Off lock-core's thread, as every connection is opened (see
         // `connection.rs`).
-        let opening = client.clone();
+        let opening = source.client(tries);
         let connected = crate::background::off_thread(async move {
-            tokio::time::timeout(CONNECT, opening.get_async_pubsub()).await
+            let opening = opening?;
+            Some(tokio::time::timeout(CONNECT, opening.get_async_pubsub()).await)
         })
-        .await;
+        .await
+        .flatten();
         let Some(Ok(Ok(pubsub))) = connected else {
             // Asked while away: no subscription now, the waiter's timer
             // stands in.
@@ -286,6 +348,7 @@ async fn serve(
                 .saturating_mul(1 << attempt.min(5))
                 .min(MAX_RECONNECT);
             attempt += 1;
+            tries = tries.wrapping_add(1);
             // Waiters may have subscribed in vain meanwhile.
             reconnected = true;
             let until = tokio::time::Instant::now() + pause;

@@ -12,10 +12,12 @@ if ok and not held then
     value = with_fence(value, fence)
   end
   redis.call("SET", KEYS[1], value, "PX", ARGV[2])
-  redis.call("DEL", KEYS[2])
+  if KEYS[2] then
+    redis.call("DEL", KEYS[2])
+  end
   return {1, fence}
 end
-if ok and held == "shared" then
+if ok and held == "shared" and KEYS[2] then
   redis.call("SET", KEYS[2], "1", "PX", ARGV[3])
 end
 return {0, redis.call("PTTL", KEYS[1]), foreign(held)}

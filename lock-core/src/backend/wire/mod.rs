@@ -312,7 +312,7 @@ impl Wire {
                     .arg("LOAD")
                     .arg(lua.code)
                     .write_packed_command(&mut state.unsent);
-                state.expect(Waiter::Unheard(drop));
+                state.expect(Waiter::Unheard(Hear::Log(drop)));
             }
         }
         self.mark_scripts_loaded();
@@ -416,7 +416,7 @@ impl Wire {
     /// command is still unsent then. Each writing what it found would send
     /// many small writes, each costing a system call here and a read on the
     /// server.
-    pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<()> {
+    pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: Hear) -> RedisResult<()> {
         let Queued {
             idle,
             alone,
@@ -454,7 +454,7 @@ impl Wire {
     }
 
     /// Queues `cmd`, whose reply goes to `hear`.
-    fn queue_unheard(&self, cmd: &Cmd, hear: fn(Reply)) -> RedisResult<Queued> {
+    fn queue_unheard(&self, cmd: &Cmd, hear: Hear) -> RedisResult<Queued> {
         let mut state = self.inner.state();
         if let Some(err) = state.error() {
             return Err(err);
@@ -478,7 +478,7 @@ impl Wire {
     /// socket now. When it is not (the socket's buffer is full, the
     /// connection broke), it may still go out with the next write: the
     /// caller sends it again some other way, which must be safe to repeat.
-    pub(crate) fn send_unheard_now(&self, cmd: &Cmd, hear: fn(Reply)) -> bool {
+    pub(crate) fn send_unheard_now(&self, cmd: &Cmd, hear: Hear) -> bool {
         self.queue_unheard(cmd, hear)
             .and_then(|queued| self.inner.sent_below(queued.end))
             .is_ok_and(|unsent_left| !unsent_left)
@@ -640,7 +640,7 @@ impl Inner {
         // command nobody waits for hears it here.
         for waiter in waiting {
             if let Waiter::Unheard(hear) = waiter {
-                hear(Err(self.error()));
+                hear.hear(Err(self.error()));
             }
         }
         broken.unwrap_or_else(|| RedisError::from(err))
@@ -896,7 +896,7 @@ fn dispatch(
                 if is_noscript(&value) {
                     scripts_loaded.store(false, Ordering::Relaxed);
                 }
-                hear(Ok(value))
+                hear.hear(Ok(value))
             }
         }
     }
@@ -950,7 +950,25 @@ enum Waiter {
     /// To a function, for a command sent without waiting for its reply
     /// ([`Wire::send_unheard`]): it hears the reply when whoever reads next
     /// reads it, or the connection's failure.
-    Unheard(fn(Reply)),
+    Unheard(Hear),
+}
+
+/// What hears the reply of a command sent without waiting for it.
+pub(crate) enum Hear {
+    /// A function of the reply alone (it logs a failure): no allocation.
+    Log(fn(Reply)),
+    /// A closure, for a caller that does something more on a failure (a
+    /// cluster's release, sent again through its redirection).
+    Then(Box<dyn FnOnce(Reply) + Send>),
+}
+
+impl Hear {
+    fn hear(self, reply: Reply) {
+        match self {
+            Hear::Log(hear) => hear(reply),
+            Hear::Then(hear) => hear(reply),
+        }
+    }
 }
 
 /// What ended a reader's wait for its socket.
@@ -2145,7 +2163,7 @@ mod tests {
                         let state = wire.inner.state();
                         state.sent_total + (state.unsent.len() - state.written) as u64
                     } + set.get_packed_command().len() as u64;
-                    wire.send_unheard(&set, drop).await.unwrap();
+                    wire.send_unheard(&set, Hear::Log(drop)).await.unwrap();
                     let sent = wire.inner.state().sent_total;
                     assert!(sent >= end, "returned with its command unwritten");
                 })
@@ -2218,7 +2236,7 @@ mod tests {
             wire: Wire,
         ) {
             let set = redis::cmd("SET").arg("k").arg("v").clone();
-            wire.send_unheard(&set, drop).await.unwrap();
+            wire.send_unheard(&set, Hear::Log(drop)).await.unwrap();
             let get = redis::cmd("GET").arg("k").clone();
             let mut receivers = Vec::new();
             let flush = wire
@@ -2252,8 +2270,8 @@ mod tests {
             let first = redis::cmd("SET").arg("a").arg("v").clone();
             let second = redis::cmd("SET").arg("b").arg("v").clone();
             {
-                let mut writer = std::pin::pin!(wire.send_unheard(&first, drop));
-                let mut follower = std::pin::pin!(wire.send_unheard(&second, drop));
+                let mut writer = std::pin::pin!(wire.send_unheard(&first, Hear::Log(drop)));
+                let mut follower = std::pin::pin!(wire.send_unheard(&second, Hear::Log(drop)));
                 assert!(
                     (&mut writer).now_or_never().is_none(),
                     "did not wait its turn"

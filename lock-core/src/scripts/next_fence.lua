@@ -1,0 +1,1 @@
+return next_fence(KEYS[1], ARGV[1])
