@@ -416,3 +416,44 @@ async fn min_replicas_on_two_replicas_locks_again_soon_after_sentinel_failover()
     );
     assert!(guard.release().await.unwrap());
 }
+
+/// Rounds whose length the Sentinels' own timers set (over 10 s).
+mod long {
+    use super::*;
+
+    /// `min_replicas(1)` on one primary and one replica, `SENTINEL
+    /// FAILOVER`: the new primary has no replica until the Sentinels
+    /// reconfigure the old primary and it has synced (about 11 s after the
+    /// failover here), and no lock is granted until then; then locks are
+    /// granted again, on the new primary.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn min_replicas_on_one_replica_grants_no_lock_until_the_old_primary_rejoins() {
+        const PREFIX: &str = "deploy:sentinel:rejoin:";
+        let deployment = Deployment::start(1);
+        let old = &deployment.primary;
+        let client = deployment.client(PREFIX, Some(1)).await;
+        let failed_over = deployment.fail_over();
+        let new = deployment.promoted().await;
+        let guard = client
+            .lock_with(
+                "after",
+                LockOptions::new(Duration::from_secs(3)).wait(Duration::from_secs(40)),
+            )
+            .await
+            .unwrap();
+        let took = failed_over.elapsed();
+        eprintln!("min_replicas(1), one replica: first lock {took:?} after SENTINEL FAILOVER");
+        assert_eq!(
+            old.role(),
+            "slave",
+            "granted before the old primary rejoined"
+        );
+        assert!(
+            held_on(new, PREFIX, "after").is_some(),
+            "not on the new primary"
+        );
+        assert!(took > Duration::from_secs(5), "granted after only {took:?}");
+        assert!(took < Duration::from_secs(25), "no lock for {took:?}");
+        assert!(guard.release().await.unwrap());
+    }
+}
