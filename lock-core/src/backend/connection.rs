@@ -255,6 +255,19 @@ impl<C: Clone + Send + Sync + TakesCalls + 'static> SharedConnection<C> {
             .map(|live| live.conn.clone())
     }
 
+    /// Forgets the connection when `stale` says so of it, so the next call
+    /// opens another (one to a server the connection no longer belongs to).
+    /// Calls under way on it finish there.
+    pub(crate) fn retire_if(&self, stale: impl Fn(&C) -> bool) {
+        let current = self.state.current.load();
+        if current.as_ref().is_some_and(|live| stale(&live.conn)) {
+            self.state.current.rcu(|current| match current {
+                Some(live) if stale(&live.conn) => None,
+                other => other.clone(),
+            });
+        }
+    }
+
     /// Forgets the connection of `generation` so the next call reconnects.
     fn retire(&self, generation: u64) {
         self.state.current.rcu(|current| match current {

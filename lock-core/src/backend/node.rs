@@ -14,6 +14,11 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
 use std::time::Duration;
 
+// The Sentinels' answer, one per client, and how it is read.
+mod sentinel;
+
+use sentinel::SentinelTarget;
+
 /// A Redis server and the one connection all locks share to it.
 ///
 /// Many concurrent commands are pipelined over the connection's one socket.
@@ -21,17 +26,30 @@ use std::time::Duration;
 /// runtime has shut down.
 ///
 /// A node may also stand for "whichever server the Sentinels name primary"
-/// ([`Node::sentinel`]): every (re)connection then asks the Sentinels first,
-/// and a `READONLY` answer (the old primary, demoted to a replica after a
-/// failover, still answering) drops the connection so the next call finds
-/// the new primary.
+/// ([`Node::sentinel`]): its connections, and its twin's, then follow one
+/// answer of the Sentinels (see `node/sentinel.rs`), and a connection to a
+/// server that is no longer that answer's primary is replaced.
 pub(crate) struct Node {
     target: Target,
     addr: String,
     connect_timeout: Duration,
     /// `WAIT n timeout` after each acquisition, when set.
     pub(crate) min_replicas: Option<MinReplicas>,
-    connection: SharedConnection<Conn>,
+    connection: SharedConnection<Served>,
+}
+
+/// A connection and the generation of the Sentinels' answer it was opened
+/// for (0 for a node that does not follow Sentinels).
+#[derive(Clone)]
+pub(crate) struct Served {
+    conn: Conn,
+    generation: u64,
+}
+
+impl TakesCalls for Served {
+    fn takes_calls(&self) -> bool {
+        self.conn.takes_calls()
+    }
 }
 
 /// A connection to a node's server.
@@ -93,43 +111,16 @@ enum Target {
     Sentinel(SentinelTarget),
 }
 
-/// What is needed to ask the Sentinels for a service's primary.
-#[derive(Clone)]
-struct SentinelTarget {
-    /// The Sentinels' URLs (their own credentials included).
-    urls: Vec<String>,
-    /// The name the Sentinels monitor the primary under.
-    service: String,
-    /// The credentials and database for the primary.
-    primary: redis::sentinel::SentinelNodeConnectionInfo,
-}
-
-impl SentinelTarget {
-    /// A Sentinel client for one lookup. It is built afresh each time (it
-    /// only parses the URLs), so no connection to a Sentinel outlives the
-    /// lookup, or the runtime it ran on.
-    fn client(&self) -> redis::RedisResult<redis::sentinel::SentinelClient> {
-        redis::sentinel::SentinelClient::build(
-            self.urls.clone(),
-            self.service.clone(),
-            Some(self.primary.clone()),
-            redis::sentinel::SentinelServerType::Master,
-        )
-    }
-}
-
 impl Target {
-    /// A new connection: to the server, or to the primary the Sentinels
-    /// name now (they are asked, and the primary checked to answer `ROLE`
-    /// as a primary). lock-core's own connection queues the scripts'
-    /// loads behind its login without waiting for them; over the `redis`
-    /// crate's connection they load on first use (`NOSCRIPT`, see
-    /// `scripts.rs`).
+    /// A new connection: to the server, or to the primary of the
+    /// Sentinels' answer the node follows (asked for when there is none,
+    /// and checked to answer `ROLE` as a primary). lock-core's own
+    /// connection queues the scripts' loads behind its login without
+    /// waiting for them; over the `redis` crate's connection they load on
+    /// first use (`NOSCRIPT`, see `scripts.rs`).
     ///
-    /// Bounded as a whole by the connect timeout, in [`SharedConnection`]. A
-    /// Sentinel client is built afresh each time (see
-    /// [`SentinelTarget::client`]).
-    async fn open(self, connect_timeout: Duration) -> redis::RedisResult<Conn> {
+    /// Bounded as a whole by the connect timeout, in [`SharedConnection`].
+    async fn open(self, connect_timeout: Duration) -> redis::RedisResult<Served> {
         // No response timeout inside the redis crate (its default is
         // 500 ms): every call is bounded by the caller's limit (the
         // operation or node timeout) in `SharedConnection::call`, which also replaces
@@ -141,30 +132,26 @@ impl Target {
         match self {
             Target::Direct(client, tls) => {
                 let info = client.get_connection_info();
-                if let Some((host, port, tls)) = wire_target(info, tls.as_ref()) {
+                let conn = if let Some((host, port, tls)) = wire_target(info, tls.as_ref()) {
                     let settings = info.redis_settings();
-                    return Ok(Conn::Wire(Wire::connect(host, port, settings, tls).await?));
-                }
-                client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map(Conn::Multiplexed)
+                    Conn::Wire(Wire::connect(host, port, settings, tls).await?)
+                } else {
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map(Conn::Multiplexed)?
+                };
+                Ok(Served {
+                    conn,
+                    generation: 0,
+                })
             }
             Target::Sentinel(target) => {
-                // The primary the Sentinels name, checked to answer as one;
-                // then lock-core's own connection to it, where it serves.
-                let mut sentinels = target.client()?;
-                let primary = sentinels.async_get_client().await?;
-                let info = primary.get_connection_info();
-                if let Some((host, port, None)) = wire_target(info, None) {
-                    let settings = info.redis_settings();
-                    return Ok(Conn::Wire(Wire::connect(host, port, settings, None).await?));
-                }
-                target
-                    .client()?
-                    .get_async_connection_with_config(&config)
-                    .await
-                    .map(Conn::Multiplexed)
+                // Within the connect timeout, less a margin for the error
+                // to say why rather than only that time ran out.
+                let limit = connect_timeout.saturating_sub(connect_timeout / 10);
+                let (conn, generation) = target.open(limit, &config).await?;
+                Ok(Served { conn, generation })
             }
         }
     }
@@ -266,14 +253,8 @@ impl Node {
             )));
         }
         let primary_protocol = primary.protocol();
-        let target = SentinelTarget {
-            urls: sentinel_urls.to_vec(),
-            service: service.to_owned(),
-            primary: redis::sentinel::SentinelNodeConnectionInfo::default()
-                .set_redis_connection_info(primary),
-        };
         // Checks the URLs now, so a typo is a configuration error at build.
-        target.client().map_err(|e| {
+        let target = SentinelTarget::new(sentinel_urls, service, primary).map_err(|e| {
             let shown: Vec<String> = sentinel_urls.iter().map(|u| redact(u)).collect();
             LockError::config(format!("cannot use sentinel URLs {}", shown.join(", ")))
                 .with_source(e)
@@ -332,13 +313,10 @@ impl Node {
         }
     }
 
-    /// Whether this node follows the primary the Sentinels name.
-    fn follows_sentinels(&self) -> bool {
-        matches!(self.target, Target::Sentinel(_))
-    }
-
     /// The same server through connections of its own (see
-    /// [`Backend::twin`](super::Backend::twin)).
+    /// [`Backend::twin`](super::Backend::twin)). A Sentinel node's twin
+    /// follows the same answer of the Sentinels: whichever of the two
+    /// learns of a failover moves the other.
     pub(crate) fn twin(&self) -> Node {
         Node {
             target: self.target.clone(),
@@ -378,11 +356,17 @@ impl Server for Node {
         Fut: Future<Output = redis::RedisResult<T>> + Send + 'a,
     {
         Box::pin(async move {
+            if let Target::Sentinel(target) = &self.target {
+                self.follow(target);
+            }
             let failure = |e: redis::RedisError| {
-                if self.follows_sentinels() && is_read_only(&e) {
+                if let (Target::Sentinel(target), true) = (&self.target, is_read_only(&e)) {
                     // The server we reach is a replica now (a failover
-                    // happened): ask the Sentinels again on the next
-                    // connection, and let the caller retry.
+                    // happened): every connection of the client asks the
+                    // Sentinels again, and the caller may retry.
+                    target
+                        .view()
+                        .forget(self.connection.current().map_or(0, |s| s.generation));
                     return Failure::Replace(
                         LockError::new(ErrorKind::Unavailable)
                             .with_message(format!(
@@ -405,10 +389,23 @@ impl Server for Node {
                     retry_on_drop,
                     || self.target.clone().open(self.connect_timeout),
                     failure,
-                    f,
+                    |served: Served| f(served.conn),
                 )
                 .await
         })
+    }
+}
+
+impl Node {
+    /// Keeps a Sentinel node's connection on the Sentinels' current answer:
+    /// drops a connection opened for an older answer, so the next call
+    /// connects where the answer says (the twin's learning of a failover,
+    /// or the background lookups', moves this node too).
+    fn follow(&self, target: &SentinelTarget) {
+        target.watch(self.connect_timeout);
+        let generation = target.view().generation();
+        self.connection
+            .retire_if(|served| served.generation != generation);
     }
 }
 
@@ -488,7 +485,7 @@ impl Node {
         wake: Wake,
         hear: impl FnOnce() -> Hear,
     ) -> bool {
-        match self.connection.current() {
+        match self.connection.current().map(|served| served.conn) {
             Some(Conn::Wire(wire)) if wire.scripts_loaded() => {
                 let inv = scripts::release_call(key, token, wake);
                 wire.send_unheard_now(inv.cmd(), hear())
