@@ -396,3 +396,95 @@ fn bad_url_unreachable_server_and_wrong_password_are_one_line_errors() {
     let url = format!("redis://:wrong-one@127.0.0.1:{}", secured.port());
     check(&run(&url), "pass");
 }
+
+/// The rules of the documented user `user` (docs/deployment.md, "Redis
+/// ACL": the page's `ACL SETUSER <user> reset on >password ...` line), for
+/// the prefix `app:` instead of `lock:`.
+fn documented_rules(user: &str) -> Vec<String> {
+    const DOC: &str = include_str!("../../docs/deployment.md");
+    let head = format!("ACL SETUSER {user} reset on >");
+    let line = DOC
+        .lines()
+        .find(|line| line.starts_with(&head))
+        .unwrap_or_else(|| panic!("docs/deployment.md has no line {head:?}..."));
+    line.split_whitespace()
+        .skip(6)
+        .map(|rule| rule.replace("~lock:", "~app:").replace("&lock:", "&app:"))
+        .collect()
+}
+
+/// `lockctl` under the documented operator's user: it lists, shows,
+/// watches and breaks exclusive locks, shared locks, permits and a
+/// leader's lease held under the documented lock client's user, and the
+/// server refuses neither of them anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_runs_under_the_documented_operator_user() {
+    let server = RedisServer::builder().password("admin-secret").start();
+    for user in ["locker", "lock-operator"] {
+        let password = format!(">{user}-pw");
+        let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &password];
+        let rules = documented_rules(user);
+        args.extend(rules.iter().map(String::as_str));
+        let _: () = server.cmd(&args);
+    }
+    let as_user = |user: &str| format!("redis://{user}:{user}-pw@127.0.0.1:{}", server.port());
+    let locker = LockClient::builder()
+        .url(as_user("locker"))
+        .key_prefix("app:")
+        .holder_name("billing-7")
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let _one = locker.lock("order:1", TTL).await.unwrap();
+    let _shared = locker
+        .lock_with("catalog", LockOptions::new(TTL).shared(true))
+        .await
+        .unwrap();
+    let _permit = locker
+        .lock_with("pool", LockOptions::new(TTL).permits(3))
+        .await
+        .unwrap();
+    let leader = locker.campaign("scheduler", TTL).await.unwrap();
+
+    let operator = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(["--url", &as_user("lock-operator"), "--prefix", "app:"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("lockctl runs")
+    };
+    let out = operator(&["list"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    for key in ["order:1", "catalog", "pool", "scheduler"] {
+        assert!(table.contains(key), "{key} not in {table}");
+    }
+    for key in ["order:1", "catalog", "pool", "scheduler"] {
+        let out = operator(&["show", key]);
+        assert!(out.status.success(), "{key}: {}", text(&out.stderr));
+    }
+    let out = operator(&["watch", "scheduler", "--changes", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("billing-7"),
+        "{}",
+        text(&out.stdout)
+    );
+    for key in ["order:1", "catalog", "pool"] {
+        let out = operator(&["release", key, "--force"]);
+        assert!(out.status.success(), "{key}: {}", text(&out.stderr));
+    }
+    let out = operator(&["show", "order:1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    leader.resign().await.unwrap();
+
+    // Each entry as its fields and values; the redis crate's `CLIENT
+    // SETINFO`, which it sends and ignores a refusal of, aside.
+    let log: Vec<Vec<String>> = server.cmd(&["ACL", "LOG"]);
+    let refused: Vec<Vec<String>> = log
+        .into_iter()
+        .filter(|entry| !entry.iter().any(|field| field == "client|setinfo"))
+        .collect();
+    assert!(refused.is_empty(), "the ACL refused: {refused:#?}");
+}

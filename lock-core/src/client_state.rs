@@ -6,6 +6,7 @@ use crate::backend::{Backend, Wakeups};
 use crate::background;
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
+use crate::eviction;
 use crate::heartbeat::Heartbeat;
 use crate::lease::{Held, MAX_KEY_LEN};
 use crate::queue::{HandoffBudget, PassOn, Queues};
@@ -94,6 +95,17 @@ impl ClientInner {
             Err(e) if e.kind() == ErrorKind::Server => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// Reads the servers' memory settings (`INFO memory`): a server that
+    /// may evict lock keys is warned about once, or refused with `refuse`
+    /// (see [`eviction::check`]).
+    pub(crate) async fn check_eviction(
+        &self,
+        limit: Duration,
+        refuse: bool,
+    ) -> Result<(), LockError> {
+        eviction::check(&self.backend, limit, refuse).await
     }
 
     /// Reads the server's clock (`TIME`) to date the acquisitions this

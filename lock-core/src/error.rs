@@ -507,11 +507,22 @@ const PASSING: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTE
 /// which permission is missing and how to grant it; a failed login says to
 /// check the credentials.
 pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
-    /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax.
+    /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax:
+    /// the documented user of docs/deployment.md ("Redis ACL"), which the
+    /// suite creates from that page and checks this text against.
     const LOCK_CLIENT_ACL: &str = "+set +get +del +exists +pexpire +pttl +time +evalsha \
-                                   +script|load +publish +subscribe +unsubscribe +ping +type +zadd +zrem \
-                                   +zremrangebyscore +zrange ~<prefix>* &<prefix>* \
-                                   (and +cluster|slots +asking on a Redis Cluster)";
+                                   +script|load +publish +subscribe +unsubscribe +ping +info \
+                                   +type +zadd +zrem +zremrangebyscore +zrange +zcard +zscore \
+                                   ~<prefix>* &<prefix>*";
+    /// The commands lock-core's Lua scripts call, each checked against the
+    /// user's rules as it runs.
+    const SCRIPT_COMMANDS: &str = "+set +get +del +exists +pexpire +pttl +time +publish +type \
+                                   +zadd +zrem +zremrangebyscore +zrange +zcard +zscore, and \
+                                   +zcount for inspect and force_release";
+    /// What some deployments and calls need on top of [`LOCK_CLIENT_ACL`].
+    const EXTRA_ACL: &str = "(and +cluster|slots +asking on a Redis Cluster, +role with \
+                             Sentinel, +wait with min_replicas, +scan +zcount for the \
+                             operators' inspect, list and force_release)";
 
     /// The explanation of an ACL refusal: which permission, and how to
     /// grant it. Understands the wordings of Redis 6.2 to 7.4 and Valkey,
@@ -528,17 +539,19 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
         {
             format!("may not run `{command}` (grant it with ACL SETUSER <user> +{command})")
         } else if lower.contains("can't run this command") {
-            "may not run one of the commands the lock's Lua script calls (ACL LOG names it; \
-             scripts need +set +get +del +exists +pexpire +pttl +time +publish +type +zadd \
-             +zremrangebyscore +zrange)"
+            format!(
+                "may not run one of the commands the lock's Lua script calls (ACL LOG names \
+                 it; scripts need {SCRIPT_COMMANDS})"
+            )
+        } else if lower.contains("channel") {
+            // Before the keys: a refused PUBLISH inside a script is "can't
+            // publish to the channel mentioned in the command".
+            "may not use the lock's release channel (grant the client's key prefix as a \
+             channel pattern with ACL SETUSER <user> &<prefix>*)"
                 .to_owned()
         } else if lower.contains("keys") || lower.contains("a key") {
             "may not access the lock's key (grant the client's key prefix with \
              ACL SETUSER <user> ~<prefix>*)"
-                .to_owned()
-        } else if lower.contains("channel") {
-            "may not use the lock's release channel (grant the client's key prefix as a \
-             channel pattern with ACL SETUSER <user> &<prefix>*)"
                 .to_owned()
         } else {
             "lacks a permission (ACL LOG names it)".to_owned()
@@ -546,7 +559,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
         let place = if in_script { " inside a script" } else { "" };
         format!(
             "permission denied by the server's ACL{place}: the Redis user {what}; \
-             a lock client needs {LOCK_CLIENT_ACL}"
+             a lock client needs {LOCK_CLIENT_ACL} {EXTRA_ACL}"
         )
     }
 
@@ -568,6 +581,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
         || detail.contains("no permissions to")
         || detail.contains("can't run this command")
         || detail.contains("ACL failure")
+        || detail.contains("The user executing the script can't")
     {
         Some(missing_permission(detail))
     } else if err.code() == Some("NOAUTH") {

@@ -112,6 +112,8 @@ mod queue;
 
 // What every clone of a client shares, and the background release.
 mod client_state;
+// Whether the servers may evict lock keys, read at build.
+mod eviction;
 
 // The locks an annotated body holds (`current_lock`, re-entry).
 mod current;

@@ -10,67 +10,86 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::{Instant, timeout};
 
+/// The page the users come from.
+pub(crate) const DEPLOYMENT_DOC: &str = include_str!("../../docs/deployment.md");
+
+/// The prefix the documented users are written for.
+const DOC_PREFIX: &str = "lock:";
+
+/// The rules of the documented user `user`: the tokens after the password
+/// of the page's `ACL SETUSER <user> reset on >password ...` line, with the
+/// key and channel patterns of the prefix `lock:` turned into those of
+/// `prefix`.
+pub(crate) fn documented_rules(user: &str, prefix: &str) -> Vec<String> {
+    let head = format!("ACL SETUSER {user} reset on >");
+    let line = DEPLOYMENT_DOC
+        .lines()
+        .find(|line| line.starts_with(&head))
+        .unwrap_or_else(|| panic!("docs/deployment.md has no line {head:?}..."));
+    let rules: Vec<String> = line
+        .split_whitespace()
+        .skip(6)
+        .map(|rule| match rule.strip_prefix(['~', '&']) {
+            Some(pattern) => {
+                let rest = pattern
+                    .strip_prefix(DOC_PREFIX)
+                    .unwrap_or_else(|| panic!("{rule} is not under {DOC_PREFIX}"));
+                format!("{}{prefix}{rest}", &rule[..1])
+            }
+            None => rule.to_owned(),
+        })
+        .collect();
+    assert!(
+        rules.iter().all(|rule| rule.starts_with(['+', '~', '&'])),
+        "{rules:?}"
+    );
+    rules
+}
+
 const PREFIX: &str = "acl:lock:";
 const ADMIN_PASSWORD: &str = "admin-secret";
 /// Bound on anything expected to finish.
 const BOUND: Duration = Duration::from_secs(10);
 
-/// The documented ACL for a client with key prefix `acl:lock:` (README,
-/// "Redis ACL"), without the optional `+client|setinfo`.
-const LOCK_CLIENT_RULES: &[&str] = &[
-    "+set",
-    "+get",
-    "+del",
-    "+exists",
-    "+pexpire",
-    "+pttl",
-    "+time",
-    "+evalsha",
-    "+script|load",
-    "+publish",
-    "+subscribe",
-    "+unsubscribe",
-    "+ping",
-    "+type",
-    "+zadd",
-    "+zrem",
-    "+zremrangebyscore",
-    "+zrange",
-    "~acl:lock:*",
-    "&acl:lock:*",
-];
+/// The documented user for a client with key prefix `acl:lock:`
+/// (docs/deployment.md, "Redis ACL"), read from that page.
+fn lock_client_rules() -> Vec<String> {
+    documented_rules("locker", PREFIX)
+}
 
-/// What the operators' calls (`inspect`, `list`, `force_release`,
-/// `lockctl`) need beyond [`LOCK_CLIENT_RULES`] (docs/deployment.md).
-const OPERATOR_EXTRA_RULES: &[&str] = &["+scan", "+zcount"];
+/// The documented operator's user (`inspect`, `list`, `force_release`,
+/// `lockctl`), read from the same page.
+fn operator_rules() -> Vec<String> {
+    documented_rules("lock-operator", PREFIX)
+}
 
 /// A server whose default user needs a password, as in production; the
 /// kit's own commands use it.
-fn server() -> RedisServer {
+pub(crate) fn server() -> RedisServer {
     RedisServer::builder().password(ADMIN_PASSWORD).start()
 }
 
 /// Creates (or replaces) user `name` with password `name-pw` and exactly
 /// `rules`.
-fn create_user(server: &RedisServer, name: &str, rules: &[&str]) {
+pub(crate) fn create_user(server: &RedisServer, name: &str, rules: &[String]) {
     let password = format!(">{name}-pw");
     let mut args = vec!["ACL", "SETUSER", name, "reset", "on", &password];
-    args.extend_from_slice(rules);
+    args.extend(rules.iter().map(String::as_str));
     let _: () = server.cmd(&args);
 }
 
 /// The documented rules, minus `missing`, plus `extra`.
-fn rules_without(missing: &str, extra: &[&'static str]) -> Vec<&'static str> {
-    assert!(LOCK_CLIENT_RULES.contains(&missing), "{missing}");
-    LOCK_CLIENT_RULES
-        .iter()
-        .copied()
-        .filter(|rule| *rule != missing)
-        .chain(extra.iter().copied())
+fn rules_without(missing: &str, extra: &[&str]) -> Vec<String> {
+    let rules = lock_client_rules();
+    assert!(rules.iter().any(|rule| rule == missing), "{missing}");
+    rules
+        .into_iter()
+        .filter(|rule| rule != missing)
+        .chain(extra.iter().map(|rule| (*rule).to_owned()))
         .collect()
 }
 
-fn user_url(server: &RedisServer, name: &str) -> String {
+pub(crate) fn user_url(server: &RedisServer, name: &str) -> String {
     format!("redis://{name}:{name}-pw@127.0.0.1:{}", server.port())
 }
 
@@ -97,14 +116,14 @@ async fn client_as(server: &RedisServer, user: &str) -> LockClient {
 /// One `ACL LOG` entry: why (`command`, `key`, `channel`), where
 /// (`toplevel`, `lua`, `multi`), what (the command, key or channel).
 #[derive(Debug, PartialEq, Eq)]
-struct Denial {
+pub(crate) struct Denial {
     reason: String,
     context: String,
     object: String,
     username: String,
 }
 
-fn denials(server: &RedisServer) -> Vec<Denial> {
+pub(crate) fn denials(server: &RedisServer) -> Vec<Denial> {
     let entries: Vec<HashMap<String, redis::Value>> = server.cmd(&["ACL", "LOG"]);
     let text = |entry: &HashMap<String, redis::Value>, field: &str| {
         entry
@@ -120,6 +139,16 @@ fn denials(server: &RedisServer) -> Vec<Denial> {
             object: text(entry, "object"),
             username: text(entry, "username"),
         })
+        .collect()
+}
+
+/// [`denials`] but for the connection metadata the redis crate sends and
+/// ignores a refusal of (`CLIENT SETINFO`, Redis 7.2 and later: the
+/// optional `+client|setinfo`).
+pub(crate) fn refusals(server: &RedisServer) -> Vec<Denial> {
+    denials(server)
+        .into_iter()
+        .filter(|d| d.object != "client|setinfo")
         .collect()
 }
 
@@ -140,7 +169,7 @@ fn assert_denied(err: &LockError, needle: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_runs_every_case_without_a_denial() {
     let server = server();
-    create_user(&server, "locker", LOCK_CLIENT_RULES);
+    create_user(&server, "locker", &lock_client_rules());
     let a = client_as(&server, "locker").await;
     let b = client_as(&server, "locker").await;
 
@@ -284,8 +313,8 @@ async fn a_missing_command_is_a_clear_error_where_it_is_needed() {
 async fn keys_outside_the_pattern_are_refused_clearly() {
     let server = server();
     let mut rules = rules_without("~acl:lock:*", &["~other:*"]);
-    rules.retain(|rule| *rule != "&acl:lock:*");
-    rules.push("&other:*");
+    rules.retain(|rule| rule != "&acl:lock:*");
+    rules.push("&other:*".to_owned());
     create_user(&server, "other-prefix", &rules);
     // Refused at startup: the client's own prefix is out of reach.
     let err = try_client(&server, "other-prefix").await.unwrap_err();
@@ -309,7 +338,7 @@ async fn release_without_publish_is_refused_after_deleting() {
 #[tokio::test]
 async fn a_wrong_password_is_a_clear_error() {
     let server = server();
-    create_user(&server, "locker", LOCK_CLIENT_RULES);
+    create_user(&server, "locker", &lock_client_rules());
     let url = format!("redis://locker:wrong@127.0.0.1:{}", server.port());
     let err = timeout(BOUND, LockClient::builder().url(url).build())
         .await
@@ -352,18 +381,13 @@ async fn without_subscribe_waiting_falls_back_to_polling() {
 /// The operator's documented rules run inspect, list and force_release
 /// without a denial; the evicted holder's renewal reads the tombstone
 /// under the same key pattern. A lock client's user without `+scan` gets a
-/// clear error when listing. (Shared locks are left out: the documented
-/// client rules do not cover their holder sets yet.)
+/// clear error when listing. (Shared locks and permits under these users:
+/// deployment/acl.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operators_acl_runs_inspect_list_and_force_release() {
     let server = server();
-    create_user(&server, "locker", LOCK_CLIENT_RULES);
-    let operator_rules: Vec<&str> = LOCK_CLIENT_RULES
-        .iter()
-        .chain(OPERATOR_EXTRA_RULES)
-        .copied()
-        .collect();
-    create_user(&server, "operator", &operator_rules);
+    create_user(&server, "locker", &lock_client_rules());
+    create_user(&server, "operator", &operator_rules());
     let locker = client_as(&server, "locker").await;
     let operator = client_as(&server, "operator").await;
 
@@ -398,7 +422,7 @@ async fn the_operators_acl_runs_inspect_list_and_force_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_renewal_is_a_loss_that_says_so() {
     let server = server();
-    create_user(&server, "revoked", LOCK_CLIENT_RULES);
+    create_user(&server, "revoked", &lock_client_rules());
     let client = client_as(&server, "revoked").await;
     let ttl = Duration::from_secs(3);
     let guard = client.lock("renewed", ttl).await.unwrap();

@@ -9,6 +9,7 @@ use crate::error::{ErrorKind, LockError};
 use crate::lease::{MAX_KEY_LEN, MIN_TTL, check_duration};
 use crate::queue::HandoffBudget;
 use crate::token::{MAX_HOLDER_LEN, default_holder_name};
+use std::fmt;
 use std::time::Duration;
 
 /// Configures a [`LockClient`]. Every setting but the URL has a default.
@@ -24,6 +25,7 @@ use std::time::Duration;
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 200 ms, full jitter |
 /// | [`handoff_budget`](Self::handoff_budget) | 250 hand-offs within 10 ms |
 /// | [`min_replicas`](Self::min_replicas) | off |
+/// | [`refuse_evicting_servers`](Self::refuse_evicting_servers) | off: warn |
 ///
 /// Where the locks live is chosen by exactly one of: [`url`](Self::url)
 /// once (one server), [`url`](Self::url)/[`urls`](Self::urls) for three or
@@ -32,7 +34,10 @@ use std::time::Duration;
 /// [`cluster`](Self::cluster) (a Redis Cluster), or
 /// [`in_memory`](Self::in_memory). Two of them at once are a
 /// [`ErrorKind::Config`] error at [`build`](Self::build).
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` output shows where the locks live without credentials:
+/// passwords in URLs are `***`, TLS certificates and keys only counted.
+#[derive(Clone)]
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockClientBuilder {
     /// Where the locks live: the one choice those setters make.
@@ -50,6 +55,7 @@ pub struct LockClientBuilder {
     node_timeout: Option<Duration>,
     backoff: Backoff,
     handoff: HandoffBudget,
+    refuse_evicting: bool,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -69,6 +75,7 @@ impl Default for LockClientBuilder {
             node_timeout: None,
             backoff: Backoff::default(),
             handoff: HandoffBudget::default(),
+            refuse_evicting: false,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -309,6 +316,40 @@ impl LockClientBuilder {
         self
     }
 
+    /// Whether [`build`](Self::build) refuses servers that may evict lock
+    /// keys (default: `false`, a warning).
+    ///
+    /// With `maxmemory` set, every `maxmemory-policy` but `noeviction`
+    /// evicts keys when memory runs out: `allkeys-*` any key, `volatile-*`
+    /// keys with an expiry, which every lock key has (managed services
+    /// often default to one). An evicted lock is free at once, and its
+    /// holder learns of it at its next renewal, up to one renewal interval
+    /// (a third of the ttl) later: until then two holders believe they
+    /// hold it.
+    ///
+    /// `build` reads each server's `INFO memory` (the one server, Sentinel's
+    /// primary, each Redlock server, each Cluster primary). Where one may
+    /// evict, it logs one `WARN` event saying what to change
+    /// (`maxmemory-policy noeviction`, or no `maxmemory`); with `true` it
+    /// fails instead with [`ErrorKind::Config`], naming the server and its
+    /// policy. A server that refuses `INFO` (an ACL user without `+info`)
+    /// is not checked (a `DEBUG` event), unless this is `true`: then
+    /// `build` fails with that refusal, saying to grant `+info`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// let client = lock_core::LockClient::builder()
+    ///     .url("redis://redis.internal:6379")
+    ///     .refuse_evicting_servers(true)
+    ///     .build()
+    ///     .await?; // Config error on a server with maxmemory-policy allkeys-lru
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn refuse_evicting_servers(mut self, refuse: bool) -> Self {
+        self.refuse_evicting = refuse;
+        self
+    }
+
     /// The delay between acquisition attempts.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
@@ -476,7 +517,10 @@ impl LockClientBuilder {
     /// the connect timeout, [`ErrorKind::Server`] when it refuses (wrong
     /// password, an ACL without `PING`); [`ErrorKind::Config`] also for a
     /// `rediss://` URL without the `tls` feature and for a failed TLS
-    /// handshake (a server certificate no trusted CA issued).
+    /// handshake (a server certificate no trusted CA issued);
+    /// [`ErrorKind::Config`] too for a server that may evict lock keys
+    /// when [`refuse_evicting_servers`](Self::refuse_evicting_servers) is
+    /// on.
     ///
     /// A server that does not answer (a host that drops the connection
     /// attempt, a frozen server) holds `build` up for the
@@ -523,6 +567,10 @@ impl LockClientBuilder {
         })?;
         client.inner.learn_server_clock(ping_limit).await;
         client.inner.check_scripts(ping_limit).await?;
+        client
+            .inner
+            .check_eviction(ping_limit, self.refuse_evicting)
+            .await?;
         Ok(client)
     }
 
@@ -692,8 +740,9 @@ fn check_scheme(url: &str) -> Result<(), LockError> {
 }
 
 /// The Sentinels and the service name given to
-/// [`LockClientBuilder::sentinel`].
-#[derive(Clone, Debug)]
+/// [`LockClientBuilder::sentinel`]. No `Debug`: the URLs may hold
+/// passwords ([`Deployment`]'s `Debug` shows them redacted).
+#[derive(Clone)]
 struct SentinelSettings {
     urls: Vec<String>,
     service: String,
@@ -720,7 +769,7 @@ impl SentinelSettings {
 /// [`in_memory`](LockClientBuilder::in_memory) make, held in one field as
 /// tokio's runtime builder holds its kind, so that
 /// [`build`](LockClientBuilder::build) decides with one `match`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 enum Deployment {
     /// Nothing chosen: `build` says to call `.url(...)`.
     #[default]
@@ -804,6 +853,95 @@ impl Deployment {
                  primary's credentials with .sentinel_primary_credentials(...))",
             )
         }
+    }
+}
+
+/// A URL as `Debug` shows it: without its password, whether in the user
+/// part (`redis://user:***@host`, as [`redact`] writes it, also when the
+/// scheme is missing) or in the query (`redis+unix:///run/redis.sock?pass=***`).
+fn shown_url(url: &str) -> String {
+    let shown = match (url.contains("://"), url.rsplit_once('@')) {
+        (false, Some((_, host))) => format!("***@{host}"),
+        _ => redact(url),
+    };
+    let Some((path, query)) = shown.split_once('?') else {
+        return shown;
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("pass") => format!("{name}=***"),
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", params.join("&"))
+}
+
+/// URLs as `Debug` shows them, each through [`shown_url`].
+struct ShownUrls<'a>(&'a [String]);
+
+impl fmt::Debug for ShownUrls<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|url| shown_url(url)))
+            .finish()
+    }
+}
+
+impl fmt::Debug for Deployment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unset => f.write_str("Unset"),
+            Self::Single(url) => f.debug_tuple("Single").field(&shown_url(url)).finish(),
+            Self::Redlock(urls) => f.debug_tuple("Redlock").field(&ShownUrls(urls)).finish(),
+            Self::Sentinel(sentinel) => f
+                .debug_struct("Sentinel")
+                .field("urls", &ShownUrls(&sentinel.urls))
+                .field("service", &sentinel.service)
+                .finish(),
+            Self::Cluster(urls) => f.debug_tuple("Cluster").field(&ShownUrls(urls)).finish(),
+            Self::InMemory(store) => f.debug_tuple("InMemory").field(store).finish(),
+            Self::Conflict(choices) => f.debug_tuple("Conflict").field(choices).finish(),
+        }
+    }
+}
+
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("LockClientBuilder");
+        out.field("deployment", &self.deployment)
+            .field(
+                "sentinel_primary_credentials",
+                &self.sentinel_primary.as_deref().map(shown_url),
+            )
+            .field("min_replicas", &self.min_replicas)
+            .field("prefix", &self.prefix)
+            .field("holder", &self.holder)
+            .field("default_ttl", &self.default_ttl)
+            .field("default_wait", &self.default_wait)
+            .field("operation_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("node_timeout", &self.node_timeout)
+            .field("backoff", &self.backoff)
+            .field("handoff_budget", &self.handoff)
+            .field("refuse_evicting_servers", &self.refuse_evicting);
+        // Certificates and the private key are not printed, only whether
+        // they were given.
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            out.field(
+                "tls_root_certificate",
+                &tls.root_cert
+                    .as_ref()
+                    .map(|pem| format!("{} bytes", pem.len())),
+            )
+            .field(
+                "tls_client_certificate",
+                &tls.client_tls.as_ref().map(|_| "given (key not shown)"),
+            );
+        }
+        out.finish()
     }
 }
 
@@ -1010,6 +1148,51 @@ mod tests {
         let held = LockClient::in_memory_on(&last).try_lock("k", ttl).await;
         assert!(matches!(held, Ok(Some(_))));
         assert!(matches!(client.try_lock("k", ttl).await, Ok(None)));
+    }
+
+    #[test]
+    fn debug_never_shows_a_password() {
+        const SECRET: &str = "hunter2-secret";
+        let url = format!("redis://locker:{SECRET}@10.0.0.1:6379/0");
+        let b = || LockClient::builder();
+        let builders = [
+            ("url", b().url(&url)),
+            ("urls", b().urls([url.clone(), url.clone(), url.clone()])),
+            (
+                "sentinel",
+                b().sentinel([url.clone()], "mymaster")
+                    .sentinel_primary_credentials(format!("redis://:{SECRET}@primary/0")),
+            ),
+            ("cluster", b().cluster([url.clone(), url.clone()])),
+            ("conflict", b().url(&url).cluster([url.clone()])),
+            (
+                "no scheme",
+                b().url(format!("locker:{SECRET}@10.0.0.1:6379")),
+            ),
+            (
+                "unix socket",
+                b().url(format!("redis+unix:///run/redis.sock?db=1&pass={SECRET}")),
+            ),
+        ];
+        for (kind, builder) in builders {
+            let shown = format!("{builder:?} {builder:#?}");
+            assert!(!shown.contains(SECRET), "{kind}: {shown}");
+            assert!(shown.contains("***"), "{kind}: {shown}");
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn debug_never_shows_tls_keys() {
+        let builder = LockClient::builder()
+            .url("rediss://10.0.0.1:6380")
+            .tls_root_certificate("-----BEGIN CERTIFICATE-----ca-bytes")
+            .tls_client_certificate("cert-bytes", "private-key-bytes");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("private-key"), "{shown}");
+        // Bytes printed as numbers would show the key too.
+        assert!(!shown.contains("112, 114, 105"), "{shown}");
+        assert!(shown.contains("tls_client_certificate"), "{shown}");
     }
 
     #[test]
