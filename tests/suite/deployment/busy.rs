@@ -94,7 +94,7 @@ async fn relay(
 /// documented outcome: no lease lost; the acquisitions past the capacity
 /// wait and then fail `AtCapacity` within their wait, having sent nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails still: on the slow link 2,497 of 3,000 granted and 1,907 lost (issue 46, finding 8)"]
+#[ignore = "fails still: admission holds about 880 leases (1.6 x the measured 550/s), the heartbeat loses them on the slow link and their room is granted again: 2,051-2,497 of 3,000 granted, 1,816-2,066 lost"]
 async fn w5_with_waiting_acquisitions_on_a_loaded_machine() {
     const ASKED: usize = 3000;
     const TTL: Duration = Duration::from_secs(3);
