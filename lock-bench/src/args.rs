@@ -23,6 +23,8 @@ OPTIONS:
     --w5-seconds N    how long W5 holds its locks (default 30)
     --w5-locks N      how many locks W5 holds (default 10000)
     --w5-ttl N        the ttl of W5's locks, in seconds (default 3)
+    --w5-wait N       how long each W5 acquisition waits, in seconds (default
+                      30), so that a run past the capacity ends in bounded time
     --w5-capacity     instead, W5 runs past the client's renewal capacity:
                       800,000 and 1,200,000 locks at a 3 s ttl and 1,000,000
                       at 30 s, each taken without waiting; a row says how
@@ -66,6 +68,8 @@ pub struct Options {
     pub w5_locks: usize,
     /// The ttl of W5's locks.
     pub w5_ttl: Duration,
+    /// How long each of W5's acquisitions waits (`--w5-wait`).
+    pub w5_wait: Duration,
     /// `--w5-capacity`: W5's runs past the renewal capacity instead.
     pub w5_capacity: bool,
     /// The rows the throughput workloads (W1, W2, W4, W8) run.
@@ -164,6 +168,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         w5_seconds: Duration::from_secs(30),
         w5_locks: 10_000,
         w5_ttl: Duration::from_secs(3),
+        w5_wait: Duration::from_secs(30),
         w5_capacity: false,
         impls: Impl::ALL.to_vec(),
         transports: vec![Transport::Plain],
@@ -185,6 +190,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--w5-seconds" => options.w5_seconds = seconds(&value("--w5-seconds")?)?,
             "--w5-locks" => options.w5_locks = count(&value("--w5-locks")?)?,
             "--w5-ttl" => options.w5_ttl = seconds(&value("--w5-ttl")?)?,
+            "--w5-wait" => options.w5_wait = seconds(&value("--w5-wait")?)?,
             "--w5-capacity" => options.w5_capacity = true,
             "--soak" => options.soak = Some(seconds(&value("--soak")?)?),
             "--w7-rounds" => options.w7_rounds = count(&value("--w7-rounds")?)?,
@@ -368,6 +374,7 @@ mod tests {
         assert_eq!(options.seconds, Duration::from_secs(5));
         assert_eq!(options.only, WorkloadId::ALL.to_vec());
         assert_eq!(options.w5_seconds, Duration::from_secs(30));
+        assert_eq!(options.w5_wait, Duration::from_secs(30));
         assert_eq!(options.transports, vec![Transport::Plain]);
     }
 

@@ -153,6 +153,7 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         w5_seconds: options.w5_seconds,
         w5_locks: options.w5_locks,
         w5_ttl: options.w5_ttl,
+        w5_wait: options.w5_wait,
         w5_capacity: options.w5_capacity,
         impls: options.impls.clone(),
         w7_rounds: options.w7_rounds,

@@ -321,7 +321,7 @@ impl Heartbeat {
     }
 
     /// Whether a new lease may join, without taking the schedule's lock.
-    pub(crate) fn admission(&self) -> &Admission {
+    pub(crate) fn admission(&self) -> &Arc<Admission> {
         &self.admission
     }
 
@@ -373,7 +373,11 @@ impl Heartbeat {
                 schedule.alarm = Some(Instant::now());
                 Some(flag)
             };
-            let wake = start.is_none() && schedule.alarm.is_none_or(|alarm| due < alarm);
+            // Nothing measured yet and leases enough to measure: a round at
+            // once (see `admission.rs`).
+            let measure = schedule.leases.load.wants_measure();
+            let wake =
+                start.is_none() && (measure || schedule.alarm.is_none_or(|alarm| due < alarm));
             (id, start, wake)
         };
         if let Some(flag) = start {
@@ -552,7 +556,10 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     // A round starts only when some lease is due; then it gathers all that
     // will be due soon. (Waking for a new lease only moves the alarm.)
     let earliest = schedule.leases.earliest_due();
-    if earliest.is_none_or(|due| due > now) {
+    // Or, once, ahead of the due times to measure the capacity before
+    // admission goes past what it grants unmeasured.
+    let measure = schedule.leases.load.wants_measure();
+    if earliest.is_none_or(|due| due > now) && !(measure && earliest.is_some()) {
         let alarm = earliest.unwrap_or(now + IDLE);
         schedule.alarm = Some(alarm);
         return (Vec::new(), alarm);
@@ -560,8 +567,11 @@ fn take_round(heartbeat: &Heartbeat) -> (Vec<Due>, Instant) {
     // Busy with a round: new leases are due later than it ends.
     schedule.alarm = Some(now);
     schedule.round_taken = Some(now);
+    if measure {
+        schedule.leases.load.measured_early();
+    }
     let cap = schedule.cap.0;
-    let (mut wanted, mut next, expired) = gather(&mut schedule.leases, now, cap);
+    let (mut wanted, mut next, expired) = gather(&mut schedule.leases, now, cap, measure);
     // Pressed: a lease lost at its deadline, or one with less than a
     // quarter of its ttl left; no new lease is admitted until a round
     // finds none (see `admission.rs`).
@@ -626,7 +636,15 @@ struct Wanted {
 /// choose by deadline), then the others until `cap` are taken; the due
 /// time of the first lease left; and how many leases were past their
 /// deadline (marked lost, and gone).
-fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<Instant>, usize) {
+///
+/// `early`: take leases up to the cap whenever they are due (the round that
+/// measures the capacity).
+fn gather(
+    leases: &mut Slots,
+    now: Instant,
+    cap: usize,
+    early: bool,
+) -> (Vec<Wanted>, Option<Instant>, usize) {
     let ahead = if leases.load.stretched() { 12 } else { 4 };
     let mut wanted = Vec::new();
     let mut expired = Vec::new();
@@ -640,7 +658,9 @@ fn gather(leases: &mut Slots, now: Instant, cap: usize) -> (Vec<Wanted>, Option<
             // Past its deadline: lost, whatever a late renewal would say.
             entry.lease.mark_lost(entry.lease.deadline_reason());
             expired.push(id);
-        } else if due <= now || (wanted.len() < cap && due <= now + entry.lease.ttl() / ahead) {
+        } else if due <= now
+            || (wanted.len() < cap && (early || due <= now + entry.lease.ttl() / ahead))
+        {
             let close = deadline < now + entry.lease.ttl() / 4;
             wanted.push(Wanted {
                 id,
@@ -744,10 +764,16 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             }
         }
     }
-    // The round's cost, taking and answers included, for the capacity.
-    let clean = answered == round.len();
+    // The round's cost, taking and answers included, for the capacity:
+    // what answered over the whole time (see `admission.rs`).
+    let clean = answered == round.len() && !schedule.behind;
     let leases = &mut schedule.leases;
-    leases.load.round(round.len(), taken.elapsed(), clean);
+    leases.load.round(round.len(), answered, taken.elapsed());
+    if clean {
+        // Every lease that was close to its deadline is renewed again:
+        // the pressure it put on admission is over.
+        leases.load.set_pressed(false);
+    }
     leases.load.publish(&leases.admission);
 }
 

@@ -120,3 +120,53 @@ async fn locks_without_renewal_are_not_counted_against_the_capacity() {
         assert!(guard.release().await.unwrap());
     }
 }
+
+/// Acquisitions in flight at once, and waiters woken together, take only
+/// what fits: each admission is reserved until its lease joins the
+/// heartbeat, so forty callers that ask at the same moment do not all read
+/// the same room. Those past the capacity wait within their wait, then
+/// fail with `AtCapacity`, having sent nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_asking_at_once_take_only_what_fits() {
+    let server = RedisServer::start();
+    let client = client_for(&server, PREFIX).await;
+    client.limit_renewal_capacity(CAPACITY);
+    let wait = Duration::from_secs(1);
+    let asking: Vec<_> = (0..40)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let options = LockOptions::new(TTL).wait(wait);
+                (i, client.lock_with(&format!("burst{i}"), options).await)
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for task in asking {
+        let (i, result) = task.await.unwrap();
+        match result {
+            Ok(guard) => held.push(guard),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::AtCapacity, "{e}");
+                let waited = e.waited().unwrap();
+                // Within its wait, and a margin for a loaded machine.
+                assert!(
+                    waited >= wait && waited < wait + Duration::from_millis(700),
+                    "burst{i} waited {waited:?}"
+                );
+                let key = storage_key(PREFIX, &format!("burst{i}"));
+                assert!(!server.cmd::<bool>(&["EXISTS", &key]), "{key} was taken");
+            }
+        }
+    }
+    assert!(
+        !held.is_empty() && held.len() <= ADMITTED,
+        "{} of 40 asking at once were taken, {ADMITTED} fit",
+        held.len()
+    );
+    assert_eq!(client.heartbeats_running(), held.len());
+    for guard in held {
+        assert!(!guard.is_lost(), "{} was lost", guard.key());
+        assert!(guard.release().await.unwrap());
+    }
+}

@@ -67,6 +67,8 @@ pub struct Context {
     pub w5_ttl: Duration,
     /// W5's runs past the renewal capacity instead (`--w5-capacity`).
     pub w5_capacity: bool,
+    /// How long each of W5's acquisitions waits.
+    pub w5_wait: Duration,
     /// The rows [`measure_rows`] runs (others are left out of the table).
     pub impls: Vec<Impl>,
     /// Takeovers per W7 row.

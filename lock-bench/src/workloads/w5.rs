@@ -1,5 +1,6 @@
 //! W5: hold many locks at once with renewal (by default 10,000 with a 3 s
-//! ttl for 30 s; `--w5-locks`, `--w5-ttl`, `--w5-seconds`).
+//! ttl for 30 s; `--w5-locks`, `--w5-ttl`, `--w5-seconds`), each
+//! acquisition waiting up to `--w5-wait` (30 s by default).
 //!
 //! Figures: locks lost (must be 0); renewal script calls per second, from
 //! the deltas of `INFO commandstats` over the hold (the bench sends nothing
@@ -69,7 +70,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         vec![Run {
             locks: ctx.w5_locks,
             ttl: ctx.w5_ttl,
-            wait: Duration::from_secs(30),
+            wait: ctx.w5_wait,
         }]
     };
     let mut rows = Vec::with_capacity(runs.len());
@@ -93,9 +94,9 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
             asked.join("; "),
             ctx.w5_seconds.as_secs_f64(),
             if ctx.w5_capacity {
-                "not at all"
+                "not at all".to_owned()
             } else {
-                "up to 30 s"
+                format!("up to {} s", ctx.w5_wait.as_secs_f64())
             },
         ),
         rows,

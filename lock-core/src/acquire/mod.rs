@@ -4,6 +4,7 @@
 //! process's wait queues, and the loop of attempts woken by release
 //! messages until the wait runs out.
 
+use crate::admission::Admitted;
 use crate::backend::{LockKeys, Subscription};
 use crate::client_state::ClientInner;
 use crate::error::{ErrorKind, LockError};
@@ -61,6 +62,7 @@ impl ClientInner {
             check_at,
             call_bound,
             end: deadline + call_bound,
+            admitted: std::sync::Mutex::new(None),
         })
     }
 
@@ -176,12 +178,15 @@ impl ClientInner {
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
-            inner.admitted(request, fronts).await?;
+            let admitted = inner.admitted(request, fronts).await?;
             attempts.fetch_add(1, Ordering::Relaxed);
             promise(request.limit(inner.op_timeout));
             let (mut free_in, mut foreign, mut ahead) = (None, false, false);
             let last_error = match contender.attempt(retry).await {
-                Ok(won) => return Ok(won),
+                Ok(won) => {
+                    request.keep_admission(admitted);
+                    return Ok(won);
+                }
                 Err(Lost::Busy(left)) => {
                     free_in = left;
                     None
@@ -201,6 +206,8 @@ impl ClientInner {
                         .with_waited(request.started.elapsed()));
                 }
             };
+            // Not won: the reserved room goes back before any pause.
+            drop(admitted);
             retry = true;
             let now = Instant::now();
             if now >= request.deadline {
@@ -245,10 +252,19 @@ impl ClientInner {
     /// Past the client's renewal capacity, waits (within the request's
     /// wait) until a new lease may be taken. No SET is sent meanwhile, so
     /// nothing is taken only to be lost or dropped.
-    async fn admitted(&self, request: &Request<'_>, fronts: &[Front<'_>]) -> Result<(), LockError> {
+    /// The admission is a reservation, kept until the lease has joined the
+    /// heartbeat (see `admission.rs`); `None` for a lease without renewal.
+    async fn admitted(
+        &self,
+        request: &Request<'_>,
+        fronts: &[Front<'_>],
+    ) -> Result<Option<Admitted>, LockError> {
         let admission = self.heartbeat.admission();
-        if !request.renew || admission.admits(request.ttl) {
-            return Ok(());
+        if !request.renew {
+            return Ok(None);
+        }
+        if let Some(admitted) = admission.admit(request.ttl) {
+            return Ok(Some(admitted));
         }
         fronts
             .iter()
@@ -256,6 +272,7 @@ impl ClientInner {
         admission
             .wait_for(request.ttl, request.deadline, request.check_at)
             .await
+            .map(Some)
             .map_err(|e| {
                 e.with_key(request.key)
                     .with_waited(request.started.elapsed())
@@ -463,6 +480,10 @@ pub(crate) struct Request<'k> {
     call_bound: Duration,
     /// The deadline plus one call's bound: nothing waits on Redis past it.
     pub(crate) end: Instant,
+    /// The admission of the attempt that won, kept until the request is
+    /// dropped, after its guard joined the heartbeat: until then the lease
+    /// counts against the capacity (see `admission.rs`).
+    admitted: std::sync::Mutex<Option<Admitted>>,
 }
 
 impl Request<'_> {
@@ -492,6 +513,12 @@ impl Request<'_> {
     /// The bound of one call: `call`, cut to what is left before `end`.
     pub(crate) fn limit(&self, call: Duration) -> Duration {
         call.min(self.end.saturating_duration_since(Instant::now()))
+    }
+
+    /// Keeps the admission of the attempt that won (see `admitted`).
+    fn keep_admission(&self, admitted: Option<Admitted>) {
+        let mut kept = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
+        *kept = admitted.map(Admitted::won);
     }
 
     fn contended(&self) -> LockError {
