@@ -499,6 +499,14 @@ impl StdError for QuorumFailure {}
 /// acquisition's wait, and by the heartbeat), not as a final answer.
 const PASSING: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"];
 
+/// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax:
+/// the documented user of docs/deployment.md ("Redis ACL"), which the
+/// suite creates from that page and checks this text against.
+const LOCK_CLIENT_ACL: &str = "+set +get +del +exists +pexpire +pttl +time +evalsha \
+                               +script|load +publish +subscribe +unsubscribe +ping +info \
+                               +type +zadd +zrem +zremrangebyscore +zrange +zcard +zscore \
+                               ~<prefix>* &<prefix>*";
+
 /// Classifies a Redis error: connection trouble, and a server that cannot
 /// serve for a moment, is `Unavailable`; an error the server answered with
 /// is `Server`.
@@ -507,13 +515,6 @@ const PASSING: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTE
 /// which permission is missing and how to grant it; a failed login says to
 /// check the credentials.
 pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
-    /// Everything a lock client's ACL user needs, in `ACL SETUSER` syntax:
-    /// the documented user of docs/deployment.md ("Redis ACL"), which the
-    /// suite creates from that page and checks this text against.
-    const LOCK_CLIENT_ACL: &str = "+set +get +del +exists +pexpire +pttl +time +evalsha \
-                                   +script|load +publish +subscribe +unsubscribe +ping +info \
-                                   +type +zadd +zrem +zremrangebyscore +zrange +zcard +zscore \
-                                   ~<prefix>* &<prefix>*";
     /// The commands lock-core's Lua scripts call, each checked against the
     /// user's rules as it runs.
     const SCRIPT_COMMANDS: &str = "+set +get +del +exists +pexpire +pttl +time +publish +type \

@@ -648,11 +648,8 @@ impl Routes {
                 Err(e) => {
                     // Unreachable, or not answering: maybe failed over.
                     self.stale();
-                    let message = e.to_string();
                     let at = slot.map(|slot| (node.clone(), slot));
-                    *lost.lock().unwrap_or_else(PoisonError::into_inner) =
-                        Some(Lost { err: e, at });
-                    return Err(dropped(message));
+                    return Err(keep_unreached(lost, e, at));
                 }
             };
             let Err(e) = &answer else {
@@ -683,29 +680,17 @@ impl Routes {
                     if tried_again > 1 {
                         return answer;
                     }
-                    let pause = TRY_AGAIN.min(deadline.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(pause).await;
+                    pause_before_again(deadline).await;
                 }
                 redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown) => {
                     down = true;
-                    let pause = TRY_AGAIN.min(deadline.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(pause).await;
+                    pause_before_again(deadline).await;
                     self.stale();
                 }
                 _ => return answer,
             }
         }
-        let why = if down {
-            "the cluster is down (CLUSTERDOWN: a slot has no primary, or too few nodes \
-             see each other); CLUSTER INFO on a node says which"
-                .to_owned()
-        } else {
-            format!("the cluster redirected a command {REDIRECTS} times: its slots are moving")
-        };
-        Err(keep(
-            lost,
-            LockError::new(ErrorKind::Unavailable).with_message(why),
-        ))
+        Err(keep(lost, gave_up(down)))
     }
 }
 
@@ -784,6 +769,36 @@ fn keep(lost: &Mutex<Option<Lost>>, err: LockError) -> redis::RedisError {
     let message = err.to_string();
     *lost.lock().unwrap_or_else(PoisonError::into_inner) = Some(Lost { err, at: None });
     dropped(message)
+}
+
+/// [`keep`], for a node that could not be reached, with the slot the
+/// command was for.
+fn keep_unreached(
+    lost: &Mutex<Option<Lost>>,
+    err: LockError,
+    at: Option<(Arc<Node>, u16)>,
+) -> redis::RedisError {
+    let message = err.to_string();
+    *lost.lock().unwrap_or_else(PoisonError::into_inner) = Some(Lost { err, at });
+    dropped(message)
+}
+
+/// Waits [`TRY_AGAIN`] before a command is sent again, within `deadline`.
+async fn pause_before_again(deadline: Instant) {
+    tokio::time::sleep(TRY_AGAIN.min(deadline.saturating_duration_since(Instant::now()))).await;
+}
+
+/// The error of a command that kept being redirected: the cluster is down,
+/// or its slots keep moving.
+fn gave_up(down: bool) -> LockError {
+    let why = if down {
+        "the cluster is down (CLUSTERDOWN: a slot has no primary, or too few nodes \
+         see each other); CLUSTER INFO on a node says which"
+            .to_owned()
+    } else {
+        format!("the cluster redirected a command {REDIRECTS} times: its slots are moving")
+    };
+    LockError::new(ErrorKind::Unavailable).with_message(why)
 }
 
 /// A dropped connection saying `message`.
