@@ -260,7 +260,8 @@ macro_rules! lua_read {
 /// error table when the key holds another type or is not a number.
 ///
 /// And `with_fence(value, fence)`: the value with its fence field (the
-/// third) set to `fence`; a value without fields stays as it is.
+/// third) set to `fence`; a value without fields stays as it is. And
+/// `fence_value(key, fence)`: the lock `key`'s value given that fence, its ttl kept.
 macro_rules! lua_fence {
     () => {
         include_str!("scripts/lib/fence.lua")

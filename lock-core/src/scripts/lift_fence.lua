@@ -15,9 +15,5 @@ if current < tonumber(ARGV[2]) then
 else
   redis.call("PEXPIRE", KEYS[2], ARGV[3])
 end
-local value = redis.call("GET", KEYS[1])
-local fenced = with_fence(value, ARGV[2])
-if fenced ~= value then
-  redis.call("SET", KEYS[1], fenced, "KEEPTTL")
-end
+fence_value(KEYS[1], ARGV[2])
 return 1

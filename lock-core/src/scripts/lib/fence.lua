@@ -22,3 +22,10 @@ local function with_fence(value, fence)
   end
   return head .. string.format("%.0f", tonumber(fence)) .. tail
 end
+local function fence_value(key, fence)
+  local value = redis.call("GET", key)
+  local fenced = with_fence(value, fence)
+  if fenced ~= value then
+    redis.call("SET", key, fenced, "KEEPTTL")
+  end
+end
