@@ -13,4 +13,5 @@ mod acl;
 mod busy;
 mod cluster;
 mod eviction;
+mod fairness;
 mod sentinel;
