@@ -165,32 +165,24 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         network: None,
     };
     let on_any_transport = |id: &WorkloadId| matches!(id, WorkloadId::W1 | WorkloadId::W2);
-    if options.rtt.is_some() {
-        let skipped: Vec<&str> = options
-            .only
-            .iter()
-            .filter(|id| !on_any_transport(id))
-            .map(|id| id.name())
-            .collect();
-        if !skipped.is_empty() {
-            eprintln!(
-                "lock-bench: --rtt runs W1 and W2 only: {} skipped",
-                skipped.join(", ")
-            );
-        }
+    let skipped: Vec<&str> = options
+        .only
+        .iter()
+        .filter(|id| !on_any_transport(id))
+        .map(|id| id.name())
+        .collect();
+    if skipped.is_empty() {
+        // Nothing left out.
+    } else if options.rtt.is_some() {
+        eprintln!(
+            "lock-bench: --rtt runs W1 and W2 only: {} skipped",
+            skipped.join(", ")
+        );
     } else if !options.transports.contains(&Transport::Plain) {
-        let skipped: Vec<&str> = options
-            .only
-            .iter()
-            .filter(|id| !on_any_transport(id))
-            .map(|id| id.name())
-            .collect();
-        if !skipped.is_empty() {
-            eprintln!(
-                "lock-bench: {} run on plain TCP only, which --transport left out: skipped",
-                skipped.join(", ")
-            );
-        }
+        eprintln!(
+            "lock-bench: {} run on plain TCP only, which --transport left out: skipped",
+            skipped.join(", ")
+        );
     }
     let mut results = Vec::new();
     let mut networks = Vec::new();
