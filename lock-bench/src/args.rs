@@ -48,6 +48,11 @@ OPTIONS:
                       its block of ratios; rows that need plain TCP (raw
                       floor, rslock) are left out of tls and cluster. The
                       other workloads run on plain only.
+    --rtt MS          W1 and W2 through a proxy that adds this round-trip
+                      time, in milliseconds (fractions allowed, 0 to 1000;
+                      half of it each way), on plain and tls; the round
+                      trip measured through it is printed. Only W1 and W2
+                      run.
     -h, --help        this text
 
 The bench starts its own redis-server processes on free ports (found through
@@ -76,6 +81,9 @@ pub struct Options {
     pub impls: Vec<Impl>,
     /// What W1 and W2 run on, in this order.
     pub transports: Vec<Transport>,
+    /// `--rtt`: the round-trip time a proxy adds to W1 and W2 (`None`:
+    /// straight to the server).
+    pub rtt: Option<Duration>,
     /// `--soak`: run the leak soak this long instead of the table.
     pub soak: Option<Duration>,
     /// Takeovers per W7 row.
@@ -173,6 +181,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
         impls: Impl::ALL.to_vec(),
         transports: vec![Transport::Plain],
         soak: None,
+        rtt: None,
         w7_rounds: 30,
         w10_resignations: 200,
         w10_crashes: 30,
@@ -193,6 +202,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             "--w5-wait" => options.w5_wait = seconds(&value("--w5-wait")?)?,
             "--w5-capacity" => options.w5_capacity = true,
             "--soak" => options.soak = Some(seconds(&value("--soak")?)?),
+            "--rtt" => options.rtt = Some(rtt(&value("--rtt")?)?),
             "--w7-rounds" => options.w7_rounds = count(&value("--w7-rounds")?)?,
             "--w10-resignations" => {
                 options.w10_resignations = count(&value("--w10-resignations")?)?;
@@ -233,6 +243,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> BenchResult<Command> {
             other => return Err(fail(format!("unknown argument {other:?}"))),
         }
     }
+    check_rtt(&options)?;
     Ok(match worker {
         Some(w) => Command::Worker(w),
         None => Command::Run(options),
@@ -279,6 +290,50 @@ fn seconds(text: &str) -> BenchResult<Duration> {
         return Err(fail(format!("{text} seconds is out of range (0, 86400]")));
     }
     Ok(Duration::from_secs_f64(value))
+}
+
+/// The longest round trip `--rtt` adds, in milliseconds.
+const RTT_MAX_MS: f64 = 1_000.0;
+
+/// A round-trip time in milliseconds, fractions allowed, in
+/// `[0, RTT_MAX_MS]`.
+fn rtt(text: &str) -> BenchResult<Duration> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| fail(format!("--rtt {text:?} is not a number of milliseconds")))?;
+    if !(0.0..=RTT_MAX_MS).contains(&value) {
+        return Err(fail(format!(
+            "--rtt {text} ms is out of range: a round trip of 0 to {RTT_MAX_MS} ms"
+        )));
+    }
+    Ok(Duration::from_secs_f64(value / 1_000.0))
+}
+
+/// `--rtt` goes with W1 and W2 on plain and tls only: a cluster's nodes
+/// announce their own addresses, which a proxy in front of one would not
+/// cover, and the soak has no proxy.
+fn check_rtt(options: &Options) -> BenchResult<()> {
+    if options.rtt.is_none() {
+        return Ok(());
+    }
+    if options.transports.contains(&Transport::Cluster) {
+        return Err(fail(
+            "--rtt runs on plain and tls only: a cluster's nodes announce their own \
+             addresses, which bypass the proxy",
+        ));
+    }
+    if options.soak.is_some() {
+        return Err(fail("--rtt does not apply to --soak"));
+    }
+    if !options
+        .only
+        .iter()
+        .any(|id| matches!(id, WorkloadId::W1 | WorkloadId::W2))
+    {
+        return Err(fail("--rtt runs W1 and W2 only, and --only names neither"));
+    }
+    Ok(())
 }
 
 /// A positive count.
@@ -446,6 +501,38 @@ mod tests {
         assert!(parse_strs(&["--frobnicate"]).is_err());
         assert!(parse_strs(&["--impls", "redlock"]).is_err());
         assert!(parse_strs(&["--impls", ","]).is_err());
+    }
+
+    #[test]
+    fn rtt_takes_fractional_milliseconds_in_range() {
+        let rtt_of = |args: &[&str]| match parse_strs(args) {
+            Ok(Command::Run(options)) => Ok(options.rtt),
+            Ok(other) => panic!("--rtt is a run, not {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(rtt_of(&[]), Ok(None));
+        assert_eq!(
+            rtt_of(&["--rtt", "0.5"]),
+            Ok(Some(Duration::from_micros(500)))
+        );
+        assert_eq!(rtt_of(&["--rtt", "0"]), Ok(Some(Duration::ZERO)));
+        assert_eq!(
+            rtt_of(&["--rtt", "2", "--transport", "plain,tls"]),
+            Ok(Some(Duration::from_millis(2)))
+        );
+        for bad in ["-0.5", "1001", "NaN", "inf", "fast"] {
+            let Err(e) = rtt_of(&["--rtt", bad]) else {
+                panic!("--rtt {bad} is refused");
+            };
+            assert!(e.contains("--rtt"), "{e}");
+        }
+        assert!(rtt_of(&["--rtt"]).is_err());
+        let Err(cluster) = rtt_of(&["--rtt", "0.5", "--transport", "plain,cluster"]) else {
+            panic!("--rtt on a cluster is refused");
+        };
+        assert!(cluster.contains("plain and tls only"), "{cluster}");
+        assert!(rtt_of(&["--rtt", "0.5", "--only", "W3"]).is_err());
+        assert!(rtt_of(&["--rtt", "0.5", "--soak", "10"]).is_err());
     }
 
     #[test]

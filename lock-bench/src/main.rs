@@ -34,6 +34,7 @@ mod contenders;
 mod endpoint;
 mod error;
 mod minimum;
+mod network;
 mod report;
 mod servers;
 mod soak;
@@ -45,6 +46,7 @@ mod workloads;
 
 use crate::args::{Command, Options, USAGE};
 use crate::error::BenchResult;
+use crate::network::Network;
 use crate::report::Report;
 use crate::servers::{Servers, connect, info};
 use crate::sysinfo::Machine;
@@ -88,7 +90,7 @@ fn run(options: &Options) -> BenchResult<()> {
         return run_soak(length);
     }
     // W4's and W5's servers serve plain TCP, the only transport they run on.
-    let plain = options.transports.contains(&Transport::Plain);
+    let plain = options.transports.contains(&Transport::Plain) && options.rtt.is_none();
     let wants = |id| plain && options.only.contains(&id);
     eprintln!("lock-bench: starting redis-server processes");
     let servers = Servers::start(wants(WorkloadId::W4), wants(WorkloadId::W5))?;
@@ -160,23 +162,30 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         w10_resignations: options.w10_resignations,
         w10_crashes: options.w10_crashes,
         w11_cycles: options.w11_cycles,
+        network: None,
     };
     let on_any_transport = |id: &WorkloadId| matches!(id, WorkloadId::W1 | WorkloadId::W2);
-    if !options.transports.contains(&Transport::Plain) {
-        let skipped: Vec<&str> = options
-            .only
-            .iter()
-            .filter(|id| !on_any_transport(id))
-            .map(|id| id.name())
-            .collect();
-        if !skipped.is_empty() {
-            eprintln!(
-                "lock-bench: {} run on plain TCP only, which --transport left out: skipped",
-                skipped.join(", ")
-            );
-        }
+    let skipped: Vec<&str> = options
+        .only
+        .iter()
+        .filter(|id| !on_any_transport(id))
+        .map(|id| id.name())
+        .collect();
+    if skipped.is_empty() {
+        // Nothing left out.
+    } else if options.rtt.is_some() {
+        eprintln!(
+            "lock-bench: --rtt runs W1 and W2 only: {} skipped",
+            skipped.join(", ")
+        );
+    } else if !options.transports.contains(&Transport::Plain) {
+        eprintln!(
+            "lock-bench: {} run on plain TCP only, which --transport left out: skipped",
+            skipped.join(", ")
+        );
     }
     let mut results = Vec::new();
+    let mut networks = Vec::new();
     for &transport in &options.transports {
         // Started one transport at a time, and stopped before the next, so
         // no idle server shares the machine with the measured one.
@@ -186,26 +195,35 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             eprintln!("lock-bench: starting the {} servers", transport.name());
             tokio::task::block_in_place(|| TransportServers::start(transport))?
         };
-        let ctx = Context {
+        let mut ctx = Context {
             transport,
             endpoint: started
                 .as_ref()
                 .map_or_else(|| ctx.endpoint.clone(), TransportServers::endpoint),
             ..ctx.clone()
         };
-        for id in options
-            .only
-            .iter()
-            .filter(|id| on_any_transport(id) || transport == Transport::Plain)
-        {
+        // With --rtt, W1 and W2 alone, through a proxy of this transport's own.
+        let network = match options.rtt {
+            Some(rtt) => Some(Network::start(rtt, transport, &ctx.endpoint).await?),
+            None => None,
+        };
+        if let Some(network) = &network {
+            ctx.endpoint = network.endpoint.clone();
+            ctx.network = Some(network.note.describe());
+            networks.push(network.note.clone());
+        }
+        for id in options.only.iter().filter(|id| {
+            on_any_transport(id) || (transport == Transport::Plain && network.is_none())
+        }) {
             results.push(run_workload(*id, &ctx).await?);
         }
-        tokio::task::block_in_place(|| drop(started));
+        tokio::task::block_in_place(|| drop((network, started)));
     }
     Ok(Report {
         machine,
         seconds: options.seconds.as_secs_f64(),
         workloads: results,
+        networks,
     })
 }
 

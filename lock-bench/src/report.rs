@@ -2,6 +2,7 @@
 //! JSON, plus the ratios the targets are stated in.
 
 use crate::contenders::Impl;
+use crate::network::NetworkNote;
 use crate::sysinfo::Machine;
 use crate::table::{Row, WorkloadId, WorkloadResult};
 use crate::transport::Transport;
@@ -56,6 +57,8 @@ pub struct Report {
     pub seconds: f64,
     /// The workloads, in table order.
     pub workloads: Vec<WorkloadResult>,
+    /// With `--rtt`: the proxy of each transport W1 and W2 ran through.
+    pub networks: Vec<NetworkNote>,
 }
 
 impl Report {
@@ -63,17 +66,37 @@ impl Report {
         self.workloads.iter().find(|w| w.id == id)
     }
 
+    /// The proxy `transport`'s W1 and W2 ran through, with `--rtt`.
+    fn network(&self, transport: Transport) -> Option<&NetworkNote> {
+        self.networks.iter().find(|n| n.transport == transport)
+    }
+
+    /// ` (rtt 0.5 ms)` after a transport's name, with `--rtt`.
+    fn rtt_suffix(&self, transport: Transport) -> String {
+        self.network(transport).map_or(String::new(), |n| {
+            format!(" (rtt {} ms)", trim_number(n.rtt.as_secs_f64() * 1_000.0))
+        })
+    }
+
     /// The ratios the issue asks for, from the rows that ran.
     pub fn ratios(&self) -> Vec<Ratio> {
         let mut out = Ratios(Vec::new(), Transport::Plain);
         for w in &self.workloads {
             out.1 = w.transport;
+            let network = self.network(w.transport).is_some();
             if matches!(w.id, WorkloadId::W1 | WorkloadId::W2 | WorkloadId::W4) {
-                out.against_minimum(
-                    w,
-                    guard_target(w.id, w.transport),
-                    attribute_target(w.id, w.transport),
-                );
+                let (guard, attribute) = if network {
+                    network_targets(w.id)
+                } else {
+                    (
+                        guard_target(w.id, w.transport),
+                        attribute_target(w.id, w.transport),
+                    )
+                };
+                out.against_minimum(w, guard, attribute);
+            }
+            if w.id == WorkloadId::W1 && network {
+                out.attribute_against_floor(w);
             }
             if w.id == WorkloadId::W8 {
                 out.against_minimum(w, None, None);
@@ -166,9 +189,19 @@ impl Report {
             out,
             "{} s measured per row; rate = per second; µs columns are the cycle time \
              (W1, W2, W4, W6, W8), the wait for the lock (W3, W3p, W9), the takeover lag (W7), \
-             the failover time (W10) or the deadlock detection time (W11)\n",
+             the failover time (W10) or the deadlock detection time (W11)",
             trim_number(self.seconds)
         );
+        for n in &self.networks {
+            let _ = writeln!(
+                out,
+                "network on {}: {}; the client's cpu/op includes the proxy's (a thread of the \
+                 bench)",
+                n.transport.name(),
+                n.describe()
+            );
+        }
+        out.push('\n');
         out.push_str(&self.table());
         let ratios = self.ratios();
         let width = ratios
@@ -180,7 +213,12 @@ impl Report {
         for r in &ratios {
             if block != Some(r.transport) {
                 block = Some(r.transport);
-                let _ = writeln!(out, "\nratios on {} (same run):", r.transport.name());
+                let _ = writeln!(
+                    out,
+                    "\nratios on {}{} (same run):",
+                    r.transport.name(),
+                    self.rtt_suffix(r.transport)
+                );
             }
             let name = format!(
                 "{:<4} {:<7} {}",
@@ -239,8 +277,8 @@ impl Report {
                         // Plain TCP is where every workload runs; only the
                         // others are named.
                         let on = match w.transport {
-                            Transport::Plain => String::new(),
-                            other => format!(" on {}", other.name()),
+                            Transport::Plain if self.networks.is_empty() => String::new(),
+                            other => format!(" on {}{}", other.name(), self.rtt_suffix(other)),
                         };
                         let _ = writeln!(out, "{}{on}  {}  [{}]", w.id.name(), w.title, w.params);
                     }
@@ -327,6 +365,20 @@ impl Report {
             json_text(&m.redis_version)
         );
         let _ = writeln!(out, "  \"seconds_per_row\": {},", json_number(self.seconds));
+        let networks: Vec<String> = self
+            .networks
+            .iter()
+            .map(|n| {
+                format!(
+                    "{{\"transport\": {}, \"rtt_ms\": {}, \"ping_proxied_us\": {}, \"ping_direct_us\": {}}}",
+                    json_text(n.transport.name()),
+                    json_number(n.rtt.as_secs_f64() * 1_000.0),
+                    json_number(n.proxied_us),
+                    json_number(n.direct_us)
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "  \"networks\": [{}],", networks.join(", "));
         out.push_str("  \"workloads\": [\n");
         for (i, w) in self.workloads.iter().enumerate() {
             let _ = writeln!(
@@ -524,6 +576,16 @@ impl Ratios {
         }
     }
 
+    /// W1 with `--rtt`: the attribute, which waits for one round trip per
+    /// call, against the floor's one round trip per `SET`. No target: how
+    /// close it comes.
+    fn attribute_against_floor(&mut self, w: &WorkloadResult) {
+        let name = "lock-core attribute / floor (one round trip per call), cycles/s".to_owned();
+        for (name, value, target) in rate_ratios(w, name, Impl::Attribute, Impl::Floor, 1.0, None) {
+            self.push(w.id, name, value, target);
+        }
+    }
+
     /// Every workload rslock ran in: lock-core's rate against rslock's.
     fn against_rslock(&mut self, w: &WorkloadResult) {
         let rate = |imp| w.row(imp).and_then(|r| r.rate);
@@ -695,6 +757,18 @@ fn attribute_target(id: WorkloadId, transport: Transport) -> Option<Target> {
         (WorkloadId::W2, Transport::Plain) => Some(Target::AtLeast(1.2)),
         (WorkloadId::W2, _) => Some(Target::AtLeast(1.0)),
         _ => Some(Target::AtLeast(0.9)),
+    }
+}
+
+/// The guard's and the attribute's targets against the minimum through
+/// `--rtt`'s proxy, the issue's: W1 guard 1.0 (two round trips each, the
+/// guard's client costing less), W1 attribute 1.8 (one round trip against
+/// two), W2 attribute 1.0.
+fn network_targets(id: WorkloadId) -> (Option<Target>, Option<Target>) {
+    match id {
+        WorkloadId::W1 => (Some(Target::AtLeast(1.0)), Some(Target::AtLeast(1.8))),
+        WorkloadId::W2 => (None, Some(Target::AtLeast(1.0))),
+        _ => (None, None),
     }
 }
 
@@ -877,6 +951,7 @@ mod tests {
         Report {
             machine: Machine::default(),
             seconds: 1.0,
+            networks: Vec::new(),
             workloads: vec![WorkloadResult {
                 id: WorkloadId::W1,
                 transport: Transport::Plain,
@@ -960,6 +1035,7 @@ mod tests {
         let report = Report {
             machine: Machine::default(),
             seconds: 1.0,
+            networks: Vec::new(),
             workloads: vec![WorkloadResult {
                 id: WorkloadId::W9,
                 transport: Transport::Plain,
@@ -1004,6 +1080,7 @@ mod tests {
         let report = Report {
             machine: Machine::default(),
             seconds: 1.0,
+            networks: Vec::new(),
             workloads: vec![WorkloadResult {
                 id: WorkloadId::W10,
                 transport: Transport::Plain,
@@ -1042,6 +1119,7 @@ mod tests {
         let report = Report {
             machine: Machine::default(),
             seconds: 1.0,
+            networks: Vec::new(),
             workloads: vec![WorkloadResult {
                 id: WorkloadId::W11,
                 transport: Transport::Plain,
@@ -1101,6 +1179,60 @@ mod tests {
         assert!(text.contains("ratios on tls (same run):"));
         assert!(text.contains("W1 on tls  one task"));
         assert!(text.contains("W1   tls     lock-core guard / minimum"));
+    }
+
+    #[test]
+    fn a_network_gets_its_targets_the_floor_ratio_and_its_round_trip() {
+        use crate::network::NetworkNote;
+        use std::time::Duration;
+        let mut report = report();
+        let mut attribute = Row::new(Impl::Attribute, "cycles");
+        attribute.rate = Some(18_500.0);
+        report.workloads[0].rows.push(attribute);
+        report.workloads[0].transport = Transport::Tls;
+        report.networks.push(NetworkNote {
+            transport: Transport::Tls,
+            rtt: Duration::from_micros(500),
+            proxied_us: 640.0,
+            direct_us: 40.0,
+        });
+        let ratios = report.ratios();
+        assert_eq!(
+            find(&ratios, "lock-core attribute / minimum, cycles/s"),
+            Some((1.85, Some(Target::AtLeast(1.8))))
+        );
+        assert_eq!(
+            find(&ratios, "lock-core guard / minimum, cycles/s"),
+            Some((0.95, Some(Target::AtLeast(1.0))))
+        );
+        assert_eq!(
+            find(
+                &ratios,
+                "lock-core attribute / floor (one round trip per call), cycles/s"
+            ),
+            Some((0.925, None))
+        );
+        let text = report.render();
+        assert!(text.contains("network on tls: rtt 0.5 ms asked"), "{text}");
+        assert!(text.contains("PING through the proxy 0.640 ms"), "{text}");
+        assert!(text.contains("W1 on tls (rtt 0.5 ms)  one task"), "{text}");
+        assert!(
+            text.contains("ratios on tls (rtt 0.5 ms) (same run):"),
+            "{text}"
+        );
+        assert!(report.json().contains("\"rtt_ms\": 0.5"));
+        // Without a network, no floor ratio and the transport's own targets.
+        report.networks.clear();
+        let ratios = report.ratios();
+        assert!(
+            ratios
+                .iter()
+                .all(|r| !r.name.contains("one round trip per call"))
+        );
+        assert_eq!(
+            find(&ratios, "lock-core attribute / minimum, cycles/s").map(|r| r.1),
+            Some(Some(Target::AtLeast(1.5)))
+        );
     }
 
     #[test]

@@ -24,6 +24,10 @@ use tokio::time::{self, Instant};
 
 use crate::TestkitError;
 
+mod timer;
+
+use timer::DeliveryTimer;
+
 /// Bound on the proxy thread starting, acknowledging a cut, or shutting down.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on connecting to the upstream server for a new client.
@@ -41,7 +45,11 @@ pub enum ProxyMode {
     #[default]
     Pass,
     /// Hold every chunk for this long after it was read before forwarding
-    /// it, in both directions (added latency; order is kept).
+    /// it, in both directions (added latency; order is kept): a round trip
+    /// takes twice the delay more. Each chunk's hold counts from its own
+    /// arrival, so pipelined traffic keeps flowing. The hold is precise to
+    /// tens of microseconds on Linux (a timerfd per direction), to the
+    /// millisecond elsewhere (tokio's timer).
     Delay(Duration),
     /// Forward nothing in either direction and never answer, while still
     /// accepting connections and reading what clients send: connections
@@ -360,8 +368,9 @@ async fn forward(
         }
     };
     let write = async move {
+        let mut timer = DeliveryTimer::new();
         while let Some((read_at, chunk)) = queued.recv().await {
-            wait_for_delivery(read_at, &mut mode).await;
+            wait_for_delivery(read_at, &mut mode, &mut timer).await;
             if to.write_all(&chunk).await.is_err() {
                 return;
             }
@@ -381,14 +390,18 @@ async fn forward(
 
 /// Waits until a chunk read at `read_at` may be forwarded under the mode,
 /// following mode changes while it waits.
-async fn wait_for_delivery(read_at: Instant, mode: &mut watch::Receiver<ProxyMode>) {
+async fn wait_for_delivery(
+    read_at: Instant,
+    mode: &mut watch::Receiver<ProxyMode>,
+    timer: &mut DeliveryTimer,
+) {
     loop {
         let current = *mode.borrow_and_update();
         let changed = match current {
             ProxyMode::Pass => return,
             ProxyMode::Delay(delay) => match read_at.checked_add(delay) {
                 Some(due) => tokio::select! {
-                    () = time::sleep_until(due) => return,
+                    () = timer.sleep_until(due) => return,
                     changed = mode.changed() => changed,
                 },
                 None => mode.changed().await,

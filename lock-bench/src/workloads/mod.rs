@@ -79,14 +79,21 @@ pub struct Context {
     pub w10_crashes: usize,
     /// Deadlocks per W11 row.
     pub w11_cycles: usize,
+    /// With `--rtt`: what the proxy W1 and W2 run through adds and
+    /// measured, for their parameters.
+    pub network: Option<String>,
 }
 
 impl Context {
     /// The parameter text every throughput workload ends with.
     fn timing(&self) -> String {
+        let network = self
+            .network
+            .as_ref()
+            .map_or(String::new(), |n| format!("; {n}"));
         format!(
             "{:.1} s per row after {:.1} s warm-up, in {ROUNDS} rounds interleaved with the \
-             other rows",
+             other rows{network}",
             self.seconds.as_secs_f64(),
             self.warmup.as_secs_f64()
         )

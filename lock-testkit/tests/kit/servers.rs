@@ -195,6 +195,78 @@ fn proxy_passes_and_delays() -> TestResult {
     Ok(())
 }
 
+/// Round trips of `PING` on `stream`, one after the other, each timed.
+fn timed_pings(stream: &mut TcpStream, count: usize) -> io::Result<Vec<Duration>> {
+    (0..count)
+        .map(|_| {
+            let started = Instant::now();
+            let reply = ping_on(stream, Duration::from_secs(2))?;
+            if reply != "+PONG" {
+                return Err(io::Error::other(format!("PING answered {reply:?}")));
+            }
+            Ok(started.elapsed())
+        })
+        .collect()
+}
+
+#[test]
+fn delay_holds_each_direction_as_long_as_asked() -> TestResult {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr());
+    proxy.set_mode(ProxyMode::Delay(Duration::from_micros(500)));
+    let mut stream = TcpStream::connect_timeout(&proxy.addr(), Duration::from_secs(1))?;
+    stream.set_nodelay(true)?;
+    timed_pings(&mut stream, 20)?;
+    let mut rtts = timed_pings(&mut stream, 400)?;
+    rtts.sort();
+    let (fastest, median) = (rtts[0], rtts[rtts.len() / 2]);
+    eprintln!("PING through Delay(500 µs): fastest {fastest:?}, median {median:?}");
+    // Each direction is held 500 µs from the chunk's arrival: never less.
+    assert!(fastest >= Duration::from_millis(1), "fastest {fastest:?}");
+    // Not rounded up to tokio's millisecond ticks (that gave 2-4 ms): the
+    // median is the delay plus the loopback's own round trip and wake-ups,
+    // with room for a busy machine.
+    assert!(median <= Duration::from_micros(1_500), "median {median:?}");
+    Ok(())
+}
+
+#[test]
+fn delay_keeps_pipelined_traffic_flowing_in_order() -> TestResult {
+    const COMMANDS: usize = 100;
+    let delay = Duration::from_millis(5);
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr());
+    proxy.set_mode(ProxyMode::Delay(delay));
+    let mut stream = TcpStream::connect_timeout(&proxy.addr(), Duration::from_secs(1))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // One command per write, a little apart, so the proxy reads them as
+    // separate chunks while earlier ones are still held.
+    let started = Instant::now();
+    let mut expected = Vec::new();
+    for i in 0..COMMANDS {
+        stream.write_all(format!("ECHO {i}\r\n").as_bytes())?;
+        expected.extend_from_slice(format!("${}\r\n{i}\r\n", i.to_string().len()).as_bytes());
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let sent = started.elapsed();
+    let mut replies = vec![0; expected.len()];
+    stream.read_exact(&mut replies)?;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        String::from_utf8_lossy(&replies),
+        String::from_utf8_lossy(&expected)
+    );
+    // Each chunk is held from its own arrival: the last reply comes about
+    // one round trip after the last write. Held one after another, the
+    // chunks would take COMMANDS × delay each way (500 ms).
+    assert!(
+        elapsed < sent + 2 * delay + Duration::from_millis(150),
+        "{COMMANDS} pipelined ECHOs took {elapsed:?}, the last sent after {sent:?}"
+    );
+    Ok(())
+}
+
 #[test]
 fn blackhole_hangs_and_heals() -> TestResult {
     let server = RedisServer::start();
