@@ -22,6 +22,7 @@ mod attribute;
 mod attribute_kinds;
 mod attribute_leader;
 mod behaviour;
+mod bring_your_own;
 mod cancellation;
 mod capacity;
 mod cluster;

@@ -39,7 +39,7 @@ pub(crate) use server::Server;
 
 pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;
-pub(crate) use node::{MinReplicas, Node, redact};
+pub(crate) use node::{MinReplicas, Node, UserConnection, redact};
 pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;
 use waits::WaitCommands;

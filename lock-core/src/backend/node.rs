@@ -16,8 +16,11 @@ use std::time::Duration;
 
 // The Sentinels' answer, one per client, and how it is read.
 mod sentinel;
+// A connection the service gives the builder.
+mod user;
 
 use sentinel::SentinelTarget;
+pub(crate) use user::UserConnection;
 
 /// A Redis server and the one connection all locks share to it.
 ///
@@ -61,13 +64,15 @@ pub(crate) enum Conn {
     Wire(Wire),
     /// The `redis` crate's, for Unix sockets and RESP3.
     Multiplexed(MultiplexedConnection),
+    /// The service's own, given to the builder.
+    User(UserConnection),
 }
 
 impl TakesCalls for Conn {
     fn takes_calls(&self) -> bool {
         match self {
             Conn::Wire(wire) => wire.takes_calls(),
-            Conn::Multiplexed(_) => true,
+            Conn::Multiplexed(_) | Conn::User(_) => true,
         }
     }
 }
@@ -77,6 +82,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Wire(conn) => conn.req_packed_command(cmd),
             Conn::Multiplexed(conn) => conn.req_packed_command(cmd),
+            Conn::User(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -89,6 +95,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Wire(conn) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Multiplexed(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::User(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -96,6 +103,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Wire(conn) => conn.get_db(),
             Conn::Multiplexed(conn) => conn.get_db(),
+            Conn::User(conn) => conn.get_db(),
         }
     }
 }
@@ -109,6 +117,8 @@ enum Target {
     Direct(redis::Client, Option<TlsConfig>),
     /// The primary the Sentinels name at the time of connecting.
     Sentinel(SentinelTarget),
+    /// The service's connection: "opening" it is taking a clone.
+    User(UserConnection),
 }
 
 impl Target {
@@ -146,6 +156,10 @@ impl Target {
                     generation: 0,
                 })
             }
+            Target::User(conn) => Ok(Served {
+                conn: Conn::User(conn),
+                generation: 0,
+            }),
             Target::Sentinel(target) => {
                 // Within the connect timeout, less a margin for the error
                 // to say why rather than only that time ran out.
@@ -304,12 +318,25 @@ impl Node {
         }
     }
 
+    /// A server reached only through `conn`, the service's own connection:
+    /// lock-core opens no connection of its own to it.
+    pub(crate) fn with_connection(conn: UserConnection, connect_timeout: Duration) -> Node {
+        Node {
+            target: Target::User(conn),
+            addr: "the connection given to the builder".to_owned(),
+            connect_timeout,
+            min_replicas: None,
+            connection: SharedConnection::new(connect_timeout, connect_error, Opens::WhereCalled),
+        }
+    }
+
     /// A client for further connections to the same server; `None` for a
-    /// Sentinel node, whose server changes with failovers.
+    /// Sentinel node, whose server changes with failovers, and for the
+    /// service's connection, which cannot subscribe beside its calls.
     pub(crate) fn redis_client(&self) -> Option<redis::Client> {
         match &self.target {
             Target::Direct(client, _) => Some(client.clone()),
-            Target::Sentinel(_) => None,
+            Target::Sentinel(_) | Target::User(_) => None,
         }
     }
 

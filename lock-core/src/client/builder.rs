@@ -2,7 +2,9 @@
 //! built.
 
 use super::LockClient;
-use crate::backend::{Backend, ClusterNode, MemoryStore, MinReplicas, Node, Quorum, redact};
+use crate::backend::{
+    Backend, ClusterNode, MemoryStore, MinReplicas, Node, Quorum, UserConnection, redact,
+};
 use crate::backoff::Backoff;
 use crate::client_state::Settings;
 use crate::error::{ErrorKind, LockError};
@@ -208,6 +210,38 @@ impl LockClientBuilder {
     /// See [`LockClient::in_memory`].
     pub fn in_memory(self, store: &MemoryStore) -> Self {
         self.choose(Deployment::InMemory(store.clone()))
+    }
+
+    /// A connection the service already has, to one Redis server: anything
+    /// the `redis` crate sends commands over that clones into another handle
+    /// on the same connection, such as its `MultiplexedConnection` (what
+    /// lock-core's tests use) or `ConnectionManager`. Every lock kind, renewal, fencing and the
+    /// operators' calls go over clones of it; lock-core opens no connection
+    /// of its own.
+    ///
+    /// What lock-core's own connection does and this one cannot (see
+    /// [docs/connection.md](https://github.com/lock-rs/distributed-lock/blob/main/docs/connection.md)):
+    /// waiters are not woken by a release's message (a connection that
+    /// carries calls cannot subscribe), so they come back on their
+    /// [`backoff`](Self::backoff) timer, at most 200 ms by default; a broken
+    /// connection is not replaced (a `ConnectionManager` reconnects by
+    /// itself, a `MultiplexedConnection` does not); the heartbeat's renewals
+    /// queue behind the service's own commands on it; and a release is sent
+    /// and its reply awaited, also when the guard is dropped. Every call is
+    /// still bounded by the [`operation_timeout`](Self::operation_timeout).
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let conn = redis.get_multiplexed_async_connection().await?;
+    /// let client = lock_core::LockClient::builder().connection(conn).build().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connection<C>(self, conn: C) -> Self
+    where
+        C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        self.choose(Deployment::Connection(UserConnection::new(conn)))
     }
 
     /// A Redis Cluster, reached first through `urls`
@@ -628,6 +662,23 @@ impl LockClientBuilder {
                 (Backend::Single(node), sentinel.shown())
             }
             Deployment::Cluster(urls) => return self.cluster_backend(urls),
+            Deployment::Connection(conn) => {
+                self.no_sentinel_primary()?;
+                self.check_min_replicas()?;
+                self.check_shared()?;
+                #[cfg(feature = "tls")]
+                if self.tls.is_some() {
+                    return Err(LockError::config(
+                        "TLS certificates were configured, but a connection was given: \
+                         configure TLS where the connection is opened",
+                    ));
+                }
+                let mut node = Node::with_connection(conn.clone(), self.connect_timeout);
+                node.min_replicas = self.min_replicas;
+                let unreachable = "cannot reach Redis through the connection given to the \
+                                   builder; check that its server runs";
+                return Ok((Backend::Single(node), Some(unreachable.to_owned())));
+            }
             Deployment::InMemory(store) => {
                 self.no_sentinel_primary()?;
                 self.no_min_replicas(MIN_REPLICAS_NEEDS_ONE)?;
@@ -785,6 +836,8 @@ enum Deployment {
     Cluster(Vec<String>),
     /// This process's memory.
     InMemory(MemoryStore),
+    /// A connection the service gave.
+    Connection(UserConnection),
     /// Two kinds of the above or more: the choice made until the first
     /// setter of another kind, then every later setter's choice, in order;
     /// none `Unset` or `Conflict`. `build` refuses it, after checking every
@@ -810,7 +863,8 @@ impl Deployment {
                 Self::Cluster(urls)
             }
             (Self::Sentinel(_), next @ Self::Sentinel(_))
-            | (Self::InMemory(_), next @ Self::InMemory(_)) => next,
+            | (Self::InMemory(_), next @ Self::InMemory(_))
+            | (Self::Connection(_), next @ Self::Connection(_)) => next,
             (Self::Conflict(mut choices), next) => {
                 choices.push(next);
                 Self::Conflict(choices)
@@ -823,7 +877,7 @@ impl Deployment {
     /// with its scheme.
     fn check_schemes(&self) -> Result<(), LockError> {
         match self {
-            Self::Unset | Self::InMemory(_) => Ok(()),
+            Self::Unset | Self::InMemory(_) | Self::Connection(_) => Ok(()),
             Self::Single(url) => check_scheme(url),
             Self::Redlock(urls)
             | Self::Cluster(urls)
@@ -841,6 +895,11 @@ impl Deployment {
         if any(|choice| matches!(choice, Self::Cluster(_))) {
             LockError::config(
                 "a Redis Cluster and Redis URLs, Sentinels or an in-memory store given; \
+                 choose one",
+            )
+        } else if any(|choice| matches!(choice, Self::Connection(_))) {
+            LockError::config(
+                "both a connection and Redis URLs, Sentinels or an in-memory store given; \
                  choose one",
             )
         } else if any(|choice| matches!(choice, Self::InMemory(_))) {
@@ -902,6 +961,7 @@ impl fmt::Debug for Deployment {
                 .finish(),
             Self::Cluster(urls) => f.debug_tuple("Cluster").field(&ShownUrls(urls)).finish(),
             Self::InMemory(store) => f.debug_tuple("InMemory").field(store).finish(),
+            Self::Connection(_) => f.write_str("Connection(..)"),
             Self::Conflict(choices) => f.debug_tuple("Conflict").field(choices).finish(),
         }
     }
