@@ -30,6 +30,7 @@ mod deadlock_processes;
 mod deadlocks;
 mod deployment;
 mod faults;
+mod framework;
 mod interop;
 mod isolation;
 mod kinds;
