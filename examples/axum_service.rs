@@ -1,16 +1,21 @@
-//! An HTTP service whose handler charges an order under a distributed lock.
+//! An HTTP service whose charge route runs under a distributed lock per
+//! order, through lock-core's tower layer (feature `tower`).
 //!
-//! `POST /orders/{order_id}/charge` calls `charge`, a function annotated with
-//! `#[distributed_lock]`: while one request (in this process or in any other
-//! replica using the same Redis) charges order 42, a second request for
-//! order 42 waits up to 2 s for the lock and then gets `409 Conflict`. Any
-//! other lock error (Redis unreachable, the lock lost mid-charge) is
-//! `503 Service Unavailable`. Different orders do not wait for each other.
+//! `POST /orders/{order_id}/charge` is wrapped in a `LockLayer` whose key
+//! function reads the order from the path and locks `order:{order_id}`:
+//! while one request (in this process or in any other replica using the
+//! same Redis) charges order 42, a second request for order 42 waits up to
+//! 2 s for the lock and then gets the layer's `409 Conflict`, without the
+//! handler running. Redis unreachable, or the lock lost mid-charge (the
+//! handler is then stopped), is `503 Service Unavailable`. Different
+//! orders do not wait for each other.
 //!
 //! By default the example starts the service on a free loopback port, sends
 //! it three requests at once (two for order 42, one for order 7), prints the
-//! answers (one 200 and one 409 for order 42, a 200 for order 7) and shuts
-//! down gracefully. With `--serve` it keeps serving until Ctrl-C.
+//! answers (one 200 and one 409 for order 42, a 200 for order 7), checks
+//! that order 42's lock was let go of once its response was sent, and shuts
+//! down gracefully; it exits non-zero when any of that does not hold. With
+//! `--serve` it keeps serving until Ctrl-C.
 //!
 //! ```text
 //! cargo run --example axum_service                   # starts a throwaway redis-server
@@ -20,10 +25,10 @@
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::http::request::Parts;
 use axum::routing::post;
-use lock_core::{ErrorKind, LockClient, LockError};
+use lock_core::tower::LockLayer;
+use lock_core::{LockClient, RunOptions};
 use std::error::Error;
 use std::future::IntoFuture;
 use std::io;
@@ -36,48 +41,43 @@ use tokio::time::Instant;
 #[path = "support/redis.rs"]
 mod redis_for_example;
 
-/// How long the payment gateway takes: longer than the 2 s `wait`, so a
+/// How long the payment gateway takes: longer than the 2 s wait, so a
 /// second request for the same order gives up while the first still runs.
 const GATEWAY_TIME: Duration = Duration::from_secs(3);
 
-/// Charges an order. Only one request at a time, across every replica,
-/// charges a given order; the others wait up to 2 s, then get `Contended`.
-#[lock_core::distributed_lock(key = "order:{order_id}", ttl = "30s", wait = "2s")]
-async fn charge(order_id: u64) -> Result<String, ApiError> {
+/// `POST /orders/{order_id}/charge`. The layer holds `order:{order_id}`
+/// while it runs: only one request at a time, across every replica,
+/// charges a given order.
+async fn charge(Path(order_id): Path<u64>) -> String {
+    // The lock the layer runs the handler under.
+    let key = lock_core::current_lock().map(|lock| lock.key().to_owned());
     // The work: a payment gateway call, say.
     tokio::time::sleep(GATEWAY_TIME).await;
-    Ok(format!("charged order {order_id}\n"))
+    format!(
+        "charged order {order_id} under {}\n",
+        key.unwrap_or_default()
+    )
 }
 
-/// `POST /orders/{order_id}/charge`.
-async fn charge_handler(Path(order_id): Path<u64>) -> Result<String, ApiError> {
-    charge(order_id).await
+/// The lock a request takes: `order:{order_id}` for the charge route.
+/// (The layer sees the request before axum's extractors do, so it reads the
+/// path itself; `None` would let a request through unlocked.)
+fn order_key(request: &Parts) -> Option<String> {
+    let rest = request.uri.path().strip_prefix("/orders/")?;
+    let (order_id, _) = rest.split_once('/')?;
+    Some(format!("order:{order_id}"))
 }
 
-/// A failed request, as an HTTP answer. A real service has more variants
-/// (a declined card, a gateway error); each maps to its own status.
-#[derive(Debug)]
-struct ApiError(LockError);
-
-/// What `#[distributed_lock]` needs to return its errors through `ApiError`.
-impl From<LockError> for ApiError {
-    fn from(error: LockError) -> Self {
-        ApiError(error)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = match self.0.kind() {
-            // Another request holds this order for the whole wait: the
-            // client may retry later.
-            ErrorKind::Contended => StatusCode::CONFLICT,
-            // Redis unreachable or timing out, the lock lost mid-charge, a
-            // misconfiguration: not the client's fault.
-            _ => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        (status, format!("{}\n", self.0)).into_response()
-    }
+/// The service: the charge route, each request under its order's lock,
+/// waiting up to 2 s for it.
+fn app(client: LockClient) -> Router {
+    let options = RunOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(2));
+    let locked = LockLayer::new(client, order_key).options(options);
+    Router::new()
+        .route("/orders/{order_id}/charge", post(charge))
+        .route_layer(locked)
 }
 
 #[tokio::main]
@@ -96,9 +96,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .key_prefix("axum-example:")
         .build()
         .await?;
-    lock_core::set_global_client(client)?;
-
-    let app = Router::new().route("/orders/{order_id}/charge", post(charge_handler));
+    let app = app(client.clone());
     // Loopback only, on a port the OS picks.
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -136,6 +134,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut order_42 = [first?, second?];
     order_42.sort_unstable();
     let other = other?;
+    // The answers are in: the layer let go of order 42's lock, so another
+    // owner takes it at once (its ttl is 30 s).
+    let released = match client.try_lock("order:42", Duration::from_secs(5)).await? {
+        Some(guard) => guard.release().await?,
+        None => false,
+    };
 
     // Graceful: the server stops accepting, finishes the connections it has
     // (none: each request closed its own) and returns.
@@ -143,14 +147,17 @@ async fn main() -> Result<(), Box<dyn Error>> {
     server.await??;
     println!("shut down gracefully");
 
-    if order_42 != [200, 409] || other != 200 {
+    if order_42 != [200, 409] || other != 200 || !released {
         println!(
-            "expected 200 and 409 for order 42 and 200 for order 7, \
-             got {order_42:?} and {other}"
+            "expected 200 and 409 for order 42, 200 for order 7 and order 42's lock free \
+             afterwards; got {order_42:?}, {other} and free: {released}"
         );
         std::process::exit(1);
     }
-    println!("order 42: one request charged it, the concurrent one got 409; order 7 did not wait");
+    println!(
+        "order 42: one request charged it, the concurrent one got 409, and the lock was let go; \
+         order 7 did not wait"
+    );
     Ok(())
 }
 

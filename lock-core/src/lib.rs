@@ -138,6 +138,14 @@ mod client;
 // The process-wide client and the per-task default client.
 mod global;
 
+// `run_locked`: a future run while a lock is held, the attribute's body.
+mod run;
+
+// The tower layer: a route run under a lock named by its request.
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
+
 #[doc(hidden)]
 pub mod __private {
     //! What `#[distributed_lock]` expands to. **Not a stable API.**
@@ -159,6 +167,7 @@ pub use guard::LockGuard;
 pub use lease::{MAX_DURATION, MAX_KEY_LEN, MIN_TTL};
 pub use options::LockOptions;
 pub use queue::HandoffBudget;
+pub use run::{OnLost, RunOptions, run_locked};
 pub use token::MAX_HOLDER_LEN;
 
 /// The README's Rust examples, compiled as doctests (those that need a live

@@ -1,27 +1,23 @@
 //! What `#[distributed_lock]` expands to. **Not a stable API**: only the
 //! code the attribute generates may call it, and it changes without notice.
 
-use crate::client::{Leadership, LockClient};
+//!
+//! The work itself is [`LockClient::run_locked`]'s: `run`
+//! turns the attribute's arguments into its [`RunOptions`] and its error
+//! into the function's error type; `run_all` and `lead` take their locks
+//! otherwise and run the body through the same `run_held`.
+
+use crate::client::LockClient;
 use crate::error::LockError;
 use crate::global::DefaultClient;
-use crate::guard::LockGuard;
 use crate::options::LockOptions;
-use futures::FutureExt;
+use crate::run::{RunOptions, run_held};
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::current::LockInfo;
-
-/// What to do when the lock is lost while the body runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnLost {
-    /// Drop the body at its next await and return a `Lost` error.
-    Abort,
-    /// Let the body finish and return its result.
-    Continue,
-}
+pub use crate::run::OnLost;
 
 /// `mode = ".."`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,11 +69,17 @@ impl Attr {
         label: LockOptions::UNLABELLED,
     };
 
-    fn options(&self, client: &LockClient) -> LockOptions {
-        let mut options = LockOptions::new(self.ttl.unwrap_or_else(|| client.default_ttl()))
+    /// The same arguments as [`run_locked`](LockClient::run_locked)'s
+    /// options.
+    pub fn run_options(&self) -> RunOptions {
+        let mut options = RunOptions::new()
             .renew(self.renew)
             .fencing(self.fencing)
-            .label(self.label);
+            .label(self.label)
+            .on_lost(self.on_lost);
+        if let Some(ttl) = self.ttl {
+            options = options.ttl(ttl);
+        }
         if let Some(wait) = self.wait {
             options = options.wait(wait);
         }
@@ -94,6 +96,10 @@ impl Attr {
             options = options.permits(permits);
         }
         options
+    }
+
+    fn options(&self, client: &LockClient) -> LockOptions {
+        self.run_options().lock_options(client.default_ttl())
     }
 }
 
@@ -223,26 +229,10 @@ impl<T, E> LockResult for Result<T, E> {
     }
 }
 
-/// Runs `body` while holding the lock `key`: acquires (waiting as `attr`
-/// says), renews while the body runs, and releases on every exit path.
-///
-/// - Return (`Ok`, `Err`, `?`): the release is sent before returning (written
-///   to the connection; its reply is not awaited: see
-///   [`LockGuard::send_release`]).
-/// - Panic: released, then the panic resumes.
-/// - The returned future dropped (timeout, `select!`, abort): the guard's
-///   `Drop` stops the heartbeat and releases in the background at once.
-/// - Lock lost while running: with [`OnLost::Abort`] the body is dropped at
-///   its next await and a `Lost` error is returned; with
-///   [`OnLost::Continue`] the body finishes and its result is returned.
-///
-/// Inside the body [`current_lock`](crate::current_lock) describes this lock.
-/// Every [`LockError`] is returned through `into_error` (the error type's
-/// [`FromLockError`] conversion).
-///
-/// Nested in a body of this task that holds `key` through the same client,
-/// `lock_with` re-enters: the body runs under the outer lease, is aborted
-/// when that lease is lost, and the release at its end sends nothing.
+/// [`LockClient::run_locked`] for an annotated function: `key` under the
+/// client `client` names, with `attr`'s arguments; every [`LockError`]
+/// comes back through `into_error` (the error type's [`FromLockError`]
+/// conversion), the body's own `Result` as it is.
 pub async fn run<C, T, E, F>(
     client: Result<C, LockError>,
     key: String,
@@ -258,12 +248,18 @@ where
         Ok(ref client) => client.lock_client(),
         Err(e) => return Err(into_error(e.with_key(key))),
     };
-    let guard = match client.lock_with(&key, attr.options(client)).await {
-        Ok(guard) => guard,
-        Err(e) => return Err(into_error(e)),
-    };
-    let info = LockInfo::new(key, guard.fencing_token());
-    run_held(guard, info, attr.on_lost, into_error, body).await
+    flatten(
+        client.run_locked(&key, attr.run_options(), body).await,
+        into_error,
+    )
+}
+
+/// The body's result, or the lock's error in the body's error type.
+fn flatten<T, E>(
+    outcome: Result<Result<T, E>, LockError>,
+    into_error: fn(LockError) -> E,
+) -> Result<T, E> {
+    outcome.unwrap_or_else(|e| Err(into_error(e)))
 }
 
 /// [`run`] for `keys = [..]`: holds every key at once (see
@@ -295,7 +291,7 @@ where
         Err(e) => return Err(into_error(e)),
     };
     let info = guard.info();
-    run_held(guard, info, attr.on_lost, into_error, body).await
+    flatten(run_held(guard, info, attr.on_lost, body).await, into_error)
 }
 
 /// [`run`] for `wait = "forever"`: campaigns for `key` as
@@ -327,77 +323,8 @@ where
         Err(e) => return Err(into_error(e)),
     };
     let info = LockInfo::new(key, Some(leadership.term()));
-    run_held(leadership, info, attr.on_lost, into_error, body).await
-}
-
-/// What a body runs under, and how it is let go when the body ends.
-trait Held {
-    /// The lease.
-    fn guard(&self) -> &LockGuard;
-
-    /// Lets go. Whatever the release says, the body's outcome stands: a
-    /// failed release leaves the lease to expire by itself.
-    async fn let_go(self);
-}
-
-/// A lock: released without waiting for the reply.
-impl Held for LockGuard {
-    fn guard(&self) -> &LockGuard {
-        self
-    }
-
-    async fn let_go(self) {
-        let _ = self.send_release().await;
-    }
-}
-
-/// A leader: resigns, which wakes the campaigners.
-impl Held for Leadership {
-    fn guard(&self) -> &LockGuard {
-        Leadership::guard(self)
-    }
-
-    async fn let_go(self) {
-        let _ = self.resign().await;
-    }
-}
-
-/// Runs `body` under `held`, described to it by `info`, and lets go on
-/// every exit path.
-async fn run_held<H, T, E, F>(
-    held: H,
-    info: LockInfo,
-    on_lost: OnLost,
-    into_error: fn(LockError) -> E,
-    body: F,
-) -> Result<T, E>
-where
-    H: Held,
-    F: Future<Output = Result<T, E>>,
-{
-    let guard = held.guard();
-    let (held_by, lease) = guard.holding();
-    let body = AssertUnwindSafe(body).catch_unwind();
-    let body = crate::current::scope(info, held_by.clone(), lease.clone(), body);
-    let outcome = match on_lost {
-        OnLost::Abort => {
-            tokio::select! {
-                biased;
-                outcome = body => Some(outcome),
-                () = guard.lost() => None,
-            }
-        }
-        OnLost::Continue => Some(body.await),
-    };
-    let lost = outcome
-        .is_none()
-        .then(|| LockError::lost(guard.key(), guard.loss_reason()));
-    held.let_go().await;
-    match (outcome, lost) {
-        (Some(Ok(result)), _) => result,
-        (Some(Err(panic)), _) => std::panic::resume_unwind(panic),
-        (None, lost) => Err(into_error(
-            lost.unwrap_or_else(|| LockError::new(crate::ErrorKind::Lost)),
-        )),
-    }
+    flatten(
+        run_held(leadership, info, attr.on_lost, body).await,
+        into_error,
+    )
 }

@@ -15,8 +15,11 @@ use syn::spanned::Spanned;
 /// is cloned (one reference count) for the same reason. The body becomes an
 /// `async move` block whose value is pinned to the declared return type, so
 /// `?` and `return` inside it convert into the function's error type as
-/// they did before. lock-core's `run` does the rest: acquire, renew, watch
-/// for loss, release on every exit path.
+/// they did before. lock-core's `run` does the rest: it is
+/// `LockClient::run_locked`, the public combinator (acquire, renew, watch
+/// for loss, release on every exit path), with the attribute's arguments
+/// as its `RunOptions` and its `LockError` converted into the function's
+/// error type.
 ///
 /// The body goes to `run` boxed. It holds every annotated call nested in
 /// it, and in an unoptimised build each poll frame around it reserves its

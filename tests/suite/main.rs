@@ -31,6 +31,7 @@ mod deadlock_processes;
 mod deadlocks;
 mod deployment;
 mod faults;
+mod framework;
 mod interop;
 mod isolation;
 mod kinds;
