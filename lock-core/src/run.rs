@@ -178,7 +178,7 @@ impl LockClient {
     /// Runs `future` while holding the lock `key`, and returns its output:
     /// what `#[distributed_lock]` does, for code that is not a function of
     /// its own (a closure's work, a framework's handler: see the `tower`
-    /// feature's [`LockLayer`](crate::tower::LockLayer)).
+    /// feature's `tower::LockLayer`).
     ///
     /// It takes the lock as `options` say (waiting, then
     /// [`ErrorKind::Contended`] and the future is never polled), renews it
