@@ -33,12 +33,17 @@
 //!   heartbeat's `next_renewal`): about three renewals every two ttls
 //!   instead of three a ttl, so the same capacity keeps twice the leases,
 //!   each still with a third of its ttl for retries.
-//! - A new lease is admitted while the demand at that late pace (half the
-//!   nominal one, [`STRETCH`]) stays under [`HEADROOM`] of the capacity,
-//!   and the heartbeat is not pressed: its last round found no lease with
-//!   less than a quarter of its ttl left before its deadline (at the late
-//!   pace a lease is taken with a third left), and no lease lost at its
-//!   deadline.
+//! - A new lease is admitted while the leases, at the pace they get then,
+//!   ask under [`HEADROOM`] of the capacity ([`leases_kept`]), and the
+//!   heartbeat is not pressed: its last round found no lease with less
+//!   than a quarter of its ttl left before its deadline (at the late pace
+//!   a lease is taken with a third left), and no lease lost at its
+//!   deadline. The late pace halves what a lease asks only while rounds
+//!   are short: a lease is renewed with three rounds' time to spare, and a
+//!   round renews its leases back to back, so where the client's link or
+//!   CPU bounds the renewals (a round then takes as long as its leases
+//!   need), long rounds bring the pace back to the nominal one, and the
+//!   count admitted is the one whose renewals fit at the pace they get.
 //!
 //! Whatever the machine does, every way in is bounded:
 //!
@@ -55,10 +60,16 @@
 //!   than a ttl) admits again, and its acquisitions then fail as
 //!   `Unavailable`.
 //! - **No figure yet.** Before a round was measured, leases asking up to
-//!   [`UNMEASURED`] are admitted (a script call's worth of leases at a 1 s
-//!   ttl); once they ask half of it, the heartbeat runs a round at once,
-//!   ahead of the due times, to measure (see the heartbeat's
-//!   `take_round`).
+//!   half of [`UNMEASURED`] are admitted (half a script call's worth of
+//!   leases at a 1 s ttl); there the heartbeat runs a round at once, ahead
+//!   of the due times, to measure (see the heartbeat's `take_round`), and
+//!   further acquisitions wait for its figure.
+//! - **Leases lost all the same.** A machine can slow down after the leases
+//!   were taken. A lease the heartbeat lost at its deadline leaves room
+//!   that a waiting acquisition would take, to be lost in turn: instead
+//!   the leases held at such a loss set a ceiling on the demand, half of
+//!   what was held and at least what is still held, which clean rounds
+//!   raise by a twentieth each.
 //! - **Acquisitions in flight, and waiters woken together.** Admission is
 //!   a reservation ([`Admitted`]), taken with one atomic update against the
 //!   published spare and held until the lease has joined the heartbeat
@@ -84,10 +95,14 @@ use tokio::time::Instant;
 /// late pace.
 pub(crate) const HEADROOM: f64 = 0.8;
 
-/// How many times fewer renewals a lease asks at the late pace than at the
-/// nominal one (about a renewal every two thirds of its ttl instead of
-/// every third).
-const STRETCH: f64 = 2.0;
+/// The most leases one round of the heartbeat takes: 64 script calls,
+/// some tens of milliseconds of server time. A round renews them back to
+/// back, so it bounds how long a round can take.
+pub(crate) const MAX_ROUND: usize = 64 * BATCH;
+
+/// How much the ceiling set by losses ([`Load::lost`]) rises after each
+/// clean round: it doubles in about fifteen.
+const RECOVERY: f64 = 1.05;
 
 /// The share of the capacity past which the heartbeat renews at the late
 /// pace.
@@ -274,6 +289,50 @@ impl Admission {
     }
 }
 
+/// How many leases of `ttl` a heartbeat renewing `capacity` leases a
+/// second keeps within [`HEADROOM`] of it, each at the late pace.
+///
+/// A lease at the late pace is renewed when a third of its ttl, or three
+/// rounds if that is more, is left before its deadline (the heartbeat's
+/// `next_renewal`): about once every two thirds of its ttl while rounds are
+/// short. A round renews its leases back to back, so it can take as long as
+/// renewing all of them, up to [`MAX_ROUND`], and past a ninth of the ttl
+/// the late pace gains less, down to the nominal one (a renewal every third
+/// of the ttl). Where the client's link or CPU, not the server, bounds the
+/// renewals, rounds grow with the leases: the figure is the largest count
+/// whose renewals at the pace they then get fit.
+pub(crate) fn leases_kept(capacity: f64, ttl: Duration) -> f64 {
+    if capacity <= 0.0 || !capacity.is_finite() {
+        return 0.0;
+    }
+    let t = ttl.as_secs_f64();
+    let usable = t - crate::lease::drift(ttl).as_secs_f64();
+    let budget = HEADROOM * capacity;
+    // Renewals a second that `n` leases ask at the late pace.
+    let interval = |n: f64| {
+        let round = n.min(MAX_ROUND as f64) / capacity;
+        (usable - (3.0 * round).max(t / 3.0)).max(t / 3.0)
+    };
+    // n / interval(n) grows with n: find where it reaches the budget.
+    let (mut low, mut high) = (0.0_f64, budget * t);
+    for _ in 0..40 {
+        let mid = (low + high) / 2.0;
+        if mid / interval(mid) <= budget {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    // Exact where the pace does not depend on the count (short rounds, or
+    // the nominal pace), rather than the bisection's last lower bound.
+    budget * interval(low)
+}
+
+/// Whether two ttls are within a thirty-second of each other.
+fn close(a: Duration, b: Duration) -> bool {
+    a.abs_diff(b) <= a.max(b) / 32
+}
+
 /// The heartbeat's figures for admission, kept under its lock.
 #[derive(Default)]
 pub(crate) struct Load {
@@ -290,17 +349,51 @@ pub(crate) struct Load {
     /// A round was taken early to measure the capacity (see
     /// [`wants_measure`](Self::wants_measure)).
     measuring: bool,
+    /// How many leases are enrolled, and the ttl of the last that joined:
+    /// with the demand, what the late pace of a typical lease can be.
+    leases: usize,
+    last_ttl: Option<Duration>,
+    /// Leases were lost at their deadlines: the demand may not pass this
+    /// (thousandths of renewals a second) until clean rounds raise it.
+    after_loss: Option<f64>,
+    /// The last [`leases_kept`] figure: the capacity and ttl it was for,
+    /// and its result. A lease joining or leaving asks for it again, and
+    /// the ttl moves little then.
+    kept: std::cell::Cell<Option<(f64, Duration, f64)>>,
 }
 
 impl Load {
-    /// A lease asking `cost` joined.
-    pub(crate) fn joined(&mut self, cost: u64) {
+    /// A lease of `ttl` asking `cost` joined.
+    pub(crate) fn joined(&mut self, cost: u64, ttl: Duration) {
         self.demand = self.demand.saturating_add(cost);
+        self.leases += 1;
+        self.last_ttl = Some(ttl);
     }
 
     /// A lease asking `cost` left.
     pub(crate) fn left(&mut self, cost: u64) {
         self.demand = self.demand.saturating_sub(cost);
+        self.leases = self.leases.saturating_sub(1);
+        if self.leases == 0 {
+            // Nothing held: nothing measured under a load remains true.
+            self.after_loss = None;
+        }
+    }
+
+    /// The heartbeat lost `count` leases at their deadlines (each asking
+    /// ), having failed to renew them in time: it holds more than it
+    /// can renew. The leases still held set a ceiling, so that what the
+    /// lost ones leave is not taken again by waiting acquisitions (which
+    /// would lose those in turn); clean rounds raise it again.
+    /// `cost` is what they asked together.
+    pub(crate) fn lost(&mut self, count: usize, cost: u64) {
+        if count == 0 {
+            return;
+        }
+        let before = self.demand as f64 + cost as f64;
+        // Half of what was held at the loss, at most what is held now.
+        let ceiling = (before / 2.0).max(self.demand as f64);
+        self.after_loss = Some(self.after_loss.map_or(ceiling, |c| c.min(ceiling)));
     }
 
     /// A round tried to renew `leases` leases in `busy`, and `answered` of
@@ -311,6 +404,9 @@ impl Load {
         if !self.silent {
             self.renewed = self.renewed * DECAY + answered as f64;
             self.busy = self.busy * DECAY + busy.as_secs_f64();
+        }
+        if leases > 0 && answered == leases {
+            self.after_loss = self.after_loss.map(|c| c * RECOVERY);
         }
     }
 
@@ -349,13 +445,42 @@ impl Load {
         if self.pressed {
             return 0;
         }
-        let ceiling = ceiling as f64 * HEADROOM * STRETCH;
+        let ceiling = ceiling as f64 / MILLI;
         // In nominal renewals: the demand is counted at the nominal pace.
         let limit = match self.capacity() {
-            Some(c) => (c * MILLI * HEADROOM * STRETCH).min(ceiling),
-            None => (UNMEASURED as f64).min(ceiling),
+            Some(c) => self.nominal_limit(c.min(ceiling)),
+            // Until the round that measures has answered, what leases ask
+            // at which it is taken (see `wants_measure`).
+            None => (UNMEASURED as f64 / 2.0).min(self.nominal_limit(ceiling)),
         };
+        let limit = self.after_loss.map_or(limit, |c| limit.min(c));
         (limit.min(u64::MAX as f64) as u64).saturating_sub(self.demand)
+    }
+
+    /// The demand (thousandths of renewals a second, at the nominal pace)
+    /// that leases like those held may ask of a heartbeat renewing
+    /// `capacity` leases a second (see [`leases_kept`]).
+    fn nominal_limit(&self, capacity: f64) -> f64 {
+        if !capacity.is_finite() {
+            return f64::MAX;
+        }
+        let ttl = match (self.leases, self.last_ttl) {
+            // The mean cost of a held lease, as a ttl.
+            (n, _) if n > 0 && self.demand > 0 => {
+                Duration::from_micros(3_000_000_000 / (self.demand / n as u64).max(1))
+            }
+            (_, Some(ttl)) => ttl,
+            (_, None) => Duration::from_secs(3),
+        };
+        let kept = match self.kept.get() {
+            Some((c, t, kept)) if c == capacity && close(t, ttl) => kept,
+            _ => {
+                let kept = leases_kept(capacity, ttl);
+                self.kept.set(Some((capacity, ttl, kept)));
+                kept
+            }
+        };
+        kept * cost(ttl) as f64
     }
 
     /// Makes the figures visible to acquisitions; wakes those waiting when
@@ -394,7 +519,7 @@ mod tests {
     }
 
     #[test]
-    fn before_a_round_is_measured_a_batch_at_a_second_is_admitted() {
+    fn before_a_round_is_measured_half_a_batch_at_a_second_is_admitted() {
         let admission = Arc::new(Admission::default());
         let mut load = Load::default();
         let ttl = Duration::from_secs(3);
@@ -402,13 +527,15 @@ mod tests {
             .take_while(|_| {
                 let yes = admits(&admission, ttl);
                 if yes {
-                    load.joined(cost(ttl));
+                    load.joined(cost(ttl), ttl);
                     load.publish(&admission);
                 }
                 yes
             })
             .count();
-        assert_eq!(admitted, BATCH * 3);
+        // Half a batch at 1 s, three renewals a second each: the round
+        // that measures is taken there, and more wait for its figure.
+        assert_eq!(admitted, BATCH * 3 / 2);
         assert!(load.wants_measure());
         load.measured_early();
         assert!(!load.wants_measure());
@@ -428,13 +555,15 @@ mod tests {
                 load.publish(&admission);
                 let yes = admits(&admission, ttl);
                 if yes {
-                    load.joined(cost(ttl));
+                    load.joined(cost(ttl), ttl);
                 }
                 yes
             })
             .count();
-        // 80 % of it at the late pace: half a renewal a second each.
-        assert_eq!(admitted, 16_000);
+        // 80 % of it: rounds of all of them would take 1.6 s, longer than
+        // a ninth of the ttl, so they get the nominal pace, a renewal a
+        // second each.
+        assert_eq!(admitted, 8_000);
         assert!(load.stretched());
         // One leaves: one more fits.
         load.left(cost(ttl));
@@ -455,7 +584,9 @@ mod tests {
         assert!(err.to_string().contains("no answer"), "{err}");
         // With no lease left, one is admitted whatever was measured, and
         // only one until it joined.
-        load.left(cost(ttl) * 16_000);
+        for _ in 0..admitted {
+            load.left(cost(ttl));
+        }
         load.publish(&admission);
         let first = admission.admit(ttl);
         assert!(first.is_some(), "an idle client admits one");
@@ -479,20 +610,71 @@ mod tests {
     }
 
     #[test]
+    fn short_rounds_keep_leases_at_the_late_pace_long_ones_at_the_nominal() {
+        // A server-bound heartbeat: rounds of MAX_ROUND take 16 ms, and a
+        // lease of 30 s is renewed about every 20 s instead of every 10.
+        let kept = leases_kept(1_000_000.0, Duration::from_secs(30));
+        let late = 0.8 * 1_000_000.0 * (30.0 - 0.302 - 10.0);
+        assert!((kept - late).abs() < late * 1e-6, "{kept} against {late}");
+        // A client-bound one (a slow link, a starved CPU): a round of all
+        // 424 leases takes 0.8 s, three of them more than a ttl of 3 s
+        // leaves, so each is renewed every second.
+        let kept = leases_kept(530.0, Duration::from_secs(3));
+        assert!((kept - 424.0).abs() < 1e-6, "{kept}");
+        assert_eq!(leases_kept(0.0, Duration::from_secs(3)), 0.0);
+    }
+
+    #[test]
+    fn what_lost_leases_leave_is_not_taken_again_until_rounds_are_clean() {
+        let admission = Arc::new(Admission::default());
+        let mut load = Load::default();
+        load.round(1_000, 1_000, Duration::from_secs(1));
+        let ttl = Duration::from_secs(3);
+        for _ in 0..600 {
+            load.joined(cost(ttl), ttl);
+        }
+        load.publish(&admission);
+        assert!(admits(&admission, ttl), "room for 800");
+        // 400 lost at their deadlines: 200 are held, and the ceiling is
+        // half of the 600 held at the loss.
+        for _ in 0..400 {
+            load.left(cost(ttl));
+        }
+        load.lost(400, cost(ttl) * 400);
+        load.publish(&admission);
+        let again: Vec<Admitted> = (0..1_000).filter_map(|_| admission.admit(ttl)).collect();
+        assert_eq!(again.len(), 100, "up to the ceiling of 300");
+        drop(again);
+        // A round with a failed call raises nothing; clean ones do.
+        load.round(200, 100, Duration::from_millis(300));
+        load.publish(&admission);
+        let again: Vec<Admitted> = (0..1_000).filter_map(|_| admission.admit(ttl)).collect();
+        assert_eq!(again.len(), 100);
+        drop(again);
+        for _ in 0..30 {
+            load.round(200, 200, Duration::from_millis(200));
+        }
+        load.publish(&admission);
+        let again: Vec<Admitted> = (0..1_000).filter_map(|_| admission.admit(ttl)).collect();
+        assert!(again.len() > 500, "{}", again.len());
+    }
+
+    #[test]
     fn acquisitions_in_flight_reserve_what_they_take() {
         let admission = Arc::new(Admission::default());
         let mut load = Load::default();
         load.round(1_000, 1_000, Duration::from_secs(1));
-        load.joined(1);
-        load.publish(&admission);
         let ttl = Duration::from_secs(3);
-        // 1,600 renewals a second: 1,599 more leases, however many look
-        // at once before any joins.
+        load.joined(cost(ttl), ttl);
+        load.publish(&admission);
+        // 800 leases of 3 s (a renewal a second each, rounds of them all
+        // taking most of a second): 799 more, however many look at once
+        // before any joins.
         let held: Vec<Admitted> = (0..10_000).filter_map(|_| admission.admit(ttl)).collect();
-        assert_eq!(held.len(), 1_599);
+        assert_eq!(held.len(), 799);
         // Those that win join the demand; the reservation hands over.
         for admitted in held {
-            load.joined(cost(ttl));
+            load.joined(cost(ttl), ttl);
             load.publish(&admission);
             drop(admitted.won());
         }
@@ -505,9 +687,10 @@ mod tests {
         let mut load = Load::default();
         load.set_ceiling(&admission, 10.0);
         let ttl = Duration::from_secs(3);
-        for _ in 0..16 {
+        // Ten renewals a second keep 8 leases of 3 s.
+        for _ in 0..8 {
             assert!(admits(&admission, ttl));
-            load.joined(cost(ttl));
+            load.joined(cost(ttl), ttl);
             load.publish(&admission);
         }
         assert!(!admits(&admission, ttl));

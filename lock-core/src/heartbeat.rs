@@ -41,7 +41,7 @@
 //! in-memory store, which needs no I/O, the task runs on the runtime of the
 //! first guard that needed it.)
 
-use crate::admission::{self, Admission, Load};
+use crate::admission::{self, Admission, Load, MAX_ROUND};
 use crate::backend::{BATCH, Backend, RenewOutcome, Renewable};
 use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
@@ -58,10 +58,6 @@ use tokio::time::Instant;
 
 /// How long the task waits for new leases before it ends.
 const IDLE: Duration = Duration::from_secs(2);
-
-/// The most leases one round takes (and where its cap starts): 64 script
-/// calls, some tens of milliseconds of server time.
-const MAX_ROUND: usize = 64 * BATCH;
 
 /// The renewal schedule of one client.
 pub(crate) struct Heartbeat {
@@ -182,7 +178,7 @@ impl Slots {
         self.next_id = self.next_id.wrapping_add(1);
         let id = NonZeroU32::new(self.next_id).unwrap_or(NonZeroU32::MIN);
         let cost = admission::cost(lease.ttl());
-        self.load.joined(cost);
+        self.load.joined(cost, lease.ttl());
         self.load.publish(&self.admission);
         let slot = Slot {
             id,
@@ -272,7 +268,7 @@ impl Slots {
         entry.due = due;
         entry.cost = cost;
         self.load.left(was);
-        self.load.joined(cost);
+        self.load.joined(cost, lease.ttl());
         self.load.publish(&self.admission);
         if !in_flight {
             self.by_due.remove(&(old, at));
@@ -677,9 +673,14 @@ fn gather(
         }
     }
     let lapsed = expired.len();
+    let cost: u64 = expired
+        .iter()
+        .filter_map(|&id| leases.get(id).map(|entry| entry.cost))
+        .sum();
     for id in expired {
         leases.remove_current(id);
     }
+    leases.load.lost(lapsed, cost);
     (wanted, next, lapsed)
 }
 
@@ -728,6 +729,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     } else {
         schedule.cap.grow();
     }
+    let (mut lapsed, mut lapsed_cost) = (0, 0);
     for (due, answer) in round.iter().zip(answers) {
         let lease = &due.lease;
         let keep = match answer {
@@ -753,6 +755,8 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
             }
             RenewOutcome::Failed if now >= lease.valid_until() => {
                 lease.mark_lost(lease.deadline_reason());
+                lapsed += 1;
+                lapsed_cost += admission::cost(due.ttl);
                 None
             }
             RenewOutcome::Failed => Some(now + retry_gap(due.ttl)),
@@ -768,6 +772,7 @@ async fn renew_round(heartbeat: &Heartbeat, backend: &Backend, round: Vec<Due>) 
     // what answered over the whole time (see `admission.rs`).
     let clean = answered == round.len() && !schedule.behind;
     let leases = &mut schedule.leases;
+    leases.load.lost(lapsed, lapsed_cost);
     leases.load.round(round.len(), answered, taken.elapsed());
     if clean {
         // Every lease that was close to its deadline is renewed again:
