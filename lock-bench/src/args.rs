@@ -24,7 +24,8 @@ OPTIONS:
     --w5-locks N      how many locks W5 holds (default 10000)
     --w5-ttl N        the ttl of W5's locks, in seconds (default 3)
     --w5-wait N       how long each W5 acquisition waits, in seconds (default
-                      30), so that a run past the capacity ends in bounded time
+                      30), and none past N s after the first began, so that a
+                      run past the capacity takes its locks within N s
     --w5-capacity     instead, W5 runs past the client's renewal capacity:
                       800,000 and 1,200,000 locks at a 3 s ttl and 1,000,000
                       at 30 s, each taken without waiting; a row says how

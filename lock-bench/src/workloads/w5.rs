@@ -224,13 +224,20 @@ struct Taken {
     took: Duration,
 }
 
-/// Takes `locks` locks, [`IN_FLIGHT`] at a time.
+/// Takes `locks` locks, [`IN_FLIGHT`] at a time. Each waits up to the
+/// options' wait, and none past that wait after the take began: past the
+/// capacity most acquisitions are refused after waiting, and at a wait each
+/// the take would last `locks / IN_FLIGHT` waits.
 async fn take(client: &LockClient, options: &LockOptions, locks: usize) -> Taken {
     let taking = Instant::now();
+    let wait = options.wait_time();
     let results: Vec<_> = futures::stream::iter(0..locks)
         .map(|i| {
             let client = client.clone();
-            let options = options.clone();
+            let options = match wait {
+                Some(wait) => options.clone().wait(wait.saturating_sub(taking.elapsed())),
+                None => options.clone(),
+            };
             async move { client.lock_with(&format!("w5:{i}"), options).await }
         })
         .buffer_unordered(IN_FLIGHT)
