@@ -328,6 +328,39 @@ impl LockError {
         self.source_ref::<QuorumFailure>()
     }
 
+    /// The error and each of its [`source`](std::error::Error::source)s,
+    /// joined by `": "`: the whole story, for a log line or a message to a
+    /// person. The error's own [`Display`](fmt::Display) says what happened
+    /// and what to do, but not why (the Redis error, the bound that ran
+    /// out), which is its source, so that a report that walks the sources
+    /// itself (`{:#}` of an `anyhow::Error`, `tracing-error`) says each once.
+    ///
+    /// ```
+    /// use lock_core::LockClient;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // Nothing listens on port 1.
+    /// let err = LockClient::builder()
+    ///     .url("redis://127.0.0.1:1")
+    ///     .build()
+    ///     .await
+    ///     .unwrap_err();
+    /// let whole = err.chain().to_string();
+    /// assert!(whole.starts_with(&err.to_string()), "{whole}");
+    /// assert!(whole.len() > err.to_string().len(), "{whole}");
+    /// # }
+    /// ```
+    pub fn chain(&self) -> impl fmt::Display + '_ {
+        Chain(self)
+    }
+
+    /// The `redis` crate's error this one comes from, if any.
+    #[allow(dead_code)]
+    pub(crate) fn redis_error(&self) -> Option<&redis::RedisError> {
+        self.source_ref::<RedisCause>().map(|cause| &cause.0)
+    }
+
     fn source_ref<T: StdError + 'static>(&self) -> Option<&T> {
         self.inner
             .source
@@ -355,12 +388,44 @@ impl fmt::Display for LockError {
         if let Some(message) = &self.inner.message {
             write!(f, ": {message}")?;
         }
-        if let Some(source) = &self.inner.source {
-            write!(f, ": {source}")?;
+        Ok(())
+    }
+}
+
+/// [`LockError::chain`]: the error, then each source in turn.
+struct Chain<'a>(&'a LockError);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = StdError::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
         }
         Ok(())
     }
 }
+
+/// A `redis` crate error as the source of a [`LockError`], saying its text
+/// once. A `RedisError` made from a server's answer (or an I/O error)
+/// prints that answer and also gives it as its own source, so a chain
+/// printed whole would repeat it; this source has none.
+struct RedisCause(redis::RedisError);
+
+impl fmt::Display for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl StdError for RedisCause {}
 
 impl fmt::Debug for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -438,7 +503,7 @@ impl NodeError {
 
 impl fmt::Display for NodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.addr, self.error)
+        write!(f, "{}: {}", self.addr, self.error.chain())
     }
 }
 
@@ -602,7 +667,14 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     } else {
         None
     };
-    let error = LockError::new(kind).with_source(err);
+    // `backend::cluster::is_migrating` reads a TRYAGAIN answer as the
+    // `redis` crate's error: kept as such (its text said twice in a whole
+    // chain) until it asks `LockError::redis_error` instead.
+    let error = if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) {
+        LockError::new(kind).with_source(err)
+    } else {
+        LockError::new(kind).with_source(RedisCause(err))
+    };
     match message {
         Some(message) => error.with_message(message),
         None => error,
