@@ -461,7 +461,10 @@ impl StdError for LockError {
 
 /// The source of an [`ErrorKind::Unavailable`] error when Redis did not
 /// answer within the configured bound.
+///
+/// Made by this crate only; more about the bound may be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TimedOut {
     /// The bound that ran out.
     pub after: Duration,
