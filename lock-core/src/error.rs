@@ -137,6 +137,9 @@ impl LossReason {
 /// It carries the [`ErrorKind`], the lock key concerned (when there is one),
 /// how long the caller waited (for acquisitions), a message saying what to do,
 /// and the underlying Redis error as [`source`](std::error::Error::source).
+/// Its [`Display`](fmt::Display) says what happened and what to do, and
+/// leaves the source out; [`chain`](Self::chain) prints both, for a log
+/// line.
 ///
 /// Decide on [`kind`](Self::kind), never on the message:
 ///
@@ -355,7 +358,10 @@ impl LockError {
         Chain(self)
     }
 
-    /// The `redis` crate's error this one comes from, if any.
+    /// The `redis` crate's error this one comes from, if any: its source
+    /// is a private wrapper, which `downcast_ref::<redis::RedisError>` on
+    /// the source does not see through. Unused until
+    /// `backend::cluster::is_migrating` reads a TRYAGAIN answer with it.
     #[allow(dead_code)]
     pub(crate) fn redis_error(&self) -> Option<&redis::RedisError> {
         self.source_ref::<RedisCause>().map(|cause| &cause.0)
@@ -737,6 +743,49 @@ mod tests {
             Some("Operation against a key holding the wrong kind of value".to_owned()),
         ));
         assert_eq!(wrong_type.kind(), ErrorKind::Server, "{wrong_type}");
+    }
+
+    #[test]
+    fn display_leaves_the_source_to_the_chain_which_says_it_once() {
+        // A server's answer: the `redis` crate's error prints it and also
+        // gives it as its own source.
+        let answer = redis::make_extension_error(
+            "WRONGTYPE".to_owned(),
+            Some("Operation against a key holding the wrong kind of value".to_owned()),
+        );
+        assert!(StdError::source(&answer).is_some());
+        let err = from_redis(answer).with_key("order:1");
+        let said = err.to_string();
+        assert_eq!(said, "redis answered with an error (key \"order:1\")");
+        let Some(source) = err.source() else {
+            panic!("no source: {err:?}");
+        };
+        assert!(
+            source.to_string().contains("wrong kind of value"),
+            "{source}"
+        );
+        assert!(source.source().is_none(), "{source:?}");
+        assert!(
+            err.redis_error()
+                .is_some_and(|e| e.code() == Some("WRONGTYPE"))
+        );
+        let whole = err.chain().to_string();
+        assert_eq!(whole, format!("{said}: {source}"));
+        assert_eq!(whole.matches("wrong kind of value").count(), 1, "{whole}");
+
+        let timed_out = LockError::new(ErrorKind::Unavailable)
+            .with_message("cannot connect to a:1")
+            .with_source(TimedOut {
+                after: Duration::from_secs(1),
+            });
+        assert_eq!(
+            timed_out.to_string(),
+            "redis is unavailable: cannot connect to a:1"
+        );
+        assert_eq!(
+            timed_out.chain().to_string(),
+            "redis is unavailable: cannot connect to a:1: no answer within 1s"
+        );
     }
 
     #[test]

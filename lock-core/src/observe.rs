@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | span `lock` (DEBUG): `key`, `attempts`, `waited_ms`, `outcome` | around each acquisition |
 //! | DEBUG `lock busy, retrying`: `key`, `attempt`, `delay_ms` | each retry |
-//! | WARN `lock renewal failed`: `key` (the first of the round), `leases`, `error` | a renewal round that could not reach Redis |
+//! | WARN `lock renewal failed`: `key` (the first of the round), `leases`, `error` (with its cause) | a renewal round that could not reach Redis |
 //! | WARN `lock lost`: `key`, `reason` | a held lock found lost |
 //! | DEBUG `lock released`: `key`, `held_ms`, `owned` | each release |
 //! | DEBUG `lock re-entered`: `key` | a nested acquisition of a lock the task holds |
