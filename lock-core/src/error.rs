@@ -227,6 +227,13 @@ impl LockError {
         self
     }
 
+    /// `with_source` for an error of the `redis` crate, which prints a
+    /// server's answer and gives it as its own source too: held so that a
+    /// chain says it once (see [`RedisCause`]).
+    pub(crate) fn with_redis_source(self, err: redis::RedisError) -> Self {
+        self.with_source(RedisCause(err))
+    }
+
     /// Invalid configuration of the client.
     pub(crate) fn config(message: impl Into<String>) -> Self {
         LockError::new(ErrorKind::Config).with_message(message)
@@ -682,7 +689,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     let error = if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) {
         LockError::new(kind).with_source(err)
     } else {
-        LockError::new(kind).with_source(RedisCause(err))
+        LockError::new(kind).with_redis_source(err)
     };
     match message {
         Some(message) => error.with_message(message),

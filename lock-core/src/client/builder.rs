@@ -478,7 +478,7 @@ impl LockClientBuilder {
                          redis://[user:]password@host[/db]",
                         redact(url)
                     ))
-                    .with_source(e)
+                    .with_redis_source(e)
                 })?
                 .redis_settings()
                 .clone(),
