@@ -96,7 +96,7 @@ fn replica(n: &str, url: &str) -> Result<(), BoxError> {
         match ended {
             Ok(()) => println!("completed"),
             Err(e) if e.kind() == ErrorKind::WouldDeadlock => println!("deadlock {e}"),
-            Err(e) => println!("failed {e}"),
+            Err(e) => println!("failed {}", e.chain()),
         }
         Ok(())
     })

@@ -77,7 +77,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lock-bench: {e}");
+            eprintln!("lock-bench: {}", error::whole(&*e));
             ExitCode::FAILURE
         }
     }

@@ -103,7 +103,7 @@ fn main() -> ExitCode {
 /// Prints the failure on one line and answers exit code 2.
 fn fail(failure: &Failure) -> ExitCode {
     let text = match failure {
-        Failure::Lock(e) => e.to_string(),
+        Failure::Lock(e) => e.chain().to_string(),
         Failure::Message(m) => m.clone(),
     };
     let line: Vec<&str> = text.lines().map(str::trim).collect();

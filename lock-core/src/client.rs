@@ -447,19 +447,27 @@ impl LockClient {
         self.inner.heartbeat.len()
     }
 
+    /// One round trip to Redis, bounded by the operation timeout.
+    pub async fn ping(&self) -> Result<(), LockError> {
+        self.inner.backend.ping(self.inner.op_timeout).await
+    }
+}
+
+/// Hooks for the workspace's tests and benchmarks, with the `testing`
+/// feature. **Not a stable API**: they may change or go in any release.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+impl LockClient {
     /// The renewal capacity the heartbeat measured, in leases renewed a
     /// second of its busy time (`None` before its first round). New leases
     /// are refused past a share of it ([`ErrorKind::AtCapacity`](crate::ErrorKind::AtCapacity)).
-    /// For benchmarks and tests; not a stable API.
-    #[doc(hidden)]
     pub fn renewal_capacity(&self) -> Option<f64> {
         self.inner.heartbeat.capacity()
     }
 
     /// Caps the renewal capacity at `renewals_per_second`, whatever the
     /// heartbeat measures, so that a test reaches it with a few locks (a
-    /// lease asks three renewals per ttl). Not a stable API.
-    #[doc(hidden)]
+    /// lease asks three renewals per ttl).
     pub fn limit_renewal_capacity(&self, renewals_per_second: f64) {
         self.inner
             .heartbeat
@@ -469,16 +477,20 @@ impl LockClient {
     /// How many keys some task of this client holds, or waits for or is
     /// acquiring, in its in-process queue: back to zero once every guard is
     /// released or dropped and no acquisition is under way. For tests that
-    /// check nothing is left behind; not a stable API.
-    #[doc(hidden)]
+    /// check nothing is left behind.
     pub fn queued_keys(&self) -> usize {
         self.inner.queues.len()
     }
+}
 
-    /// One round trip to Redis, bounded by the operation timeout.
-    pub async fn ping(&self) -> Result<(), LockError> {
-        self.inner.backend.ping(self.inner.op_timeout).await
-    }
+/// Without the `testing` feature, what its hooks read is used by nothing
+/// else; kept compiled (and checked) for them all the same.
+#[cfg(not(feature = "testing"))]
+#[allow(dead_code)]
+fn testing_hooks(client: &LockClient) {
+    let _ = client.inner.heartbeat.capacity();
+    client.inner.heartbeat.set_capacity_ceiling(f64::MAX);
+    let _ = client.inner.queues.len();
 }
 
 /// Runs the acquisition `start` makes, with `options` (waiting

@@ -137,6 +137,9 @@ impl LossReason {
 /// It carries the [`ErrorKind`], the lock key concerned (when there is one),
 /// how long the caller waited (for acquisitions), a message saying what to do,
 /// and the underlying Redis error as [`source`](std::error::Error::source).
+/// Its [`Display`](fmt::Display) says what happened and what to do, and
+/// leaves the source out; [`chain`](Self::chain) prints both, for a log
+/// line.
 ///
 /// Decide on [`kind`](Self::kind), never on the message:
 ///
@@ -222,6 +225,13 @@ impl LockError {
     pub(crate) fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
         self.inner.source = Some(Box::new(source));
         self
+    }
+
+    /// `with_source` for an error of the `redis` crate, which prints a
+    /// server's answer and gives it as its own source too: held so that a
+    /// chain says it once (see [`RedisCause`]).
+    pub(crate) fn with_redis_source(self, err: redis::RedisError) -> Self {
+        self.with_source(RedisCause(err))
     }
 
     /// Invalid configuration of the client.
@@ -328,6 +338,42 @@ impl LockError {
         self.source_ref::<QuorumFailure>()
     }
 
+    /// The error and each of its [`source`](std::error::Error::source)s,
+    /// joined by `": "`: the whole story, for a log line or a message to a
+    /// person. The error's own [`Display`](fmt::Display) says what happened
+    /// and what to do, but not why (the Redis error, the bound that ran
+    /// out), which is its source, so that a report that walks the sources
+    /// itself (`{:#}` of an `anyhow::Error`, `tracing-error`) says each once.
+    ///
+    /// ```
+    /// use lock_core::LockClient;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // Nothing listens on port 1.
+    /// let err = LockClient::builder()
+    ///     .url("redis://127.0.0.1:1")
+    ///     .build()
+    ///     .await
+    ///     .unwrap_err();
+    /// let whole = err.chain().to_string();
+    /// assert!(whole.starts_with(&err.to_string()), "{whole}");
+    /// assert!(whole.len() > err.to_string().len(), "{whole}");
+    /// # }
+    /// ```
+    pub fn chain(&self) -> impl fmt::Display + '_ {
+        Chain(self)
+    }
+
+    /// The `redis` crate's error this one comes from, if any: its source
+    /// is a private wrapper, which `downcast_ref::<redis::RedisError>` on
+    /// the source does not see through. Unused until
+    /// `backend::cluster::is_migrating` reads a TRYAGAIN answer with it.
+    #[allow(dead_code)]
+    pub(crate) fn redis_error(&self) -> Option<&redis::RedisError> {
+        self.source_ref::<RedisCause>().map(|cause| &cause.0)
+    }
+
     fn source_ref<T: StdError + 'static>(&self) -> Option<&T> {
         self.inner
             .source
@@ -355,12 +401,44 @@ impl fmt::Display for LockError {
         if let Some(message) = &self.inner.message {
             write!(f, ": {message}")?;
         }
-        if let Some(source) = &self.inner.source {
-            write!(f, ": {source}")?;
+        Ok(())
+    }
+}
+
+/// [`LockError::chain`]: the error, then each source in turn.
+struct Chain<'a>(&'a LockError);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = StdError::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
         }
         Ok(())
     }
 }
+
+/// A `redis` crate error as the source of a [`LockError`], saying its text
+/// once. A `RedisError` made from a server's answer (or an I/O error)
+/// prints that answer and also gives it as its own source, so a chain
+/// printed whole would repeat it; this source has none.
+struct RedisCause(redis::RedisError);
+
+impl fmt::Display for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl StdError for RedisCause {}
 
 impl fmt::Debug for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -396,7 +474,10 @@ impl StdError for LockError {
 
 /// The source of an [`ErrorKind::Unavailable`] error when Redis did not
 /// answer within the configured bound.
+///
+/// Made by this crate only; more about the bound may be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TimedOut {
     /// The bound that ran out.
     pub after: Duration,
@@ -438,7 +519,7 @@ impl NodeError {
 
 impl fmt::Display for NodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.addr, self.error)
+        write!(f, "{}: {}", self.addr, self.error.chain())
     }
 }
 
@@ -602,7 +683,14 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     } else {
         None
     };
-    let error = LockError::new(kind).with_source(err);
+    // `backend::cluster::is_migrating` reads a TRYAGAIN answer as the
+    // `redis` crate's error: kept as such (its text said twice in a whole
+    // chain) until it asks `LockError::redis_error` instead.
+    let error = if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) {
+        LockError::new(kind).with_source(err)
+    } else {
+        LockError::new(kind).with_redis_source(err)
+    };
     match message {
         Some(message) => error.with_message(message),
         None => error,
@@ -662,6 +750,49 @@ mod tests {
             Some("Operation against a key holding the wrong kind of value".to_owned()),
         ));
         assert_eq!(wrong_type.kind(), ErrorKind::Server, "{wrong_type}");
+    }
+
+    #[test]
+    fn display_leaves_the_source_to_the_chain_which_says_it_once() {
+        // A server's answer: the `redis` crate's error prints it and also
+        // gives it as its own source.
+        let answer = redis::make_extension_error(
+            "WRONGTYPE".to_owned(),
+            Some("Operation against a key holding the wrong kind of value".to_owned()),
+        );
+        assert!(StdError::source(&answer).is_some());
+        let err = from_redis(answer).with_key("order:1");
+        let said = err.to_string();
+        assert_eq!(said, "redis answered with an error (key \"order:1\")");
+        let Some(source) = err.source() else {
+            panic!("no source: {err:?}");
+        };
+        assert!(
+            source.to_string().contains("wrong kind of value"),
+            "{source}"
+        );
+        assert!(source.source().is_none(), "{source:?}");
+        assert!(
+            err.redis_error()
+                .is_some_and(|e| e.code() == Some("WRONGTYPE"))
+        );
+        let whole = err.chain().to_string();
+        assert_eq!(whole, format!("{said}: {source}"));
+        assert_eq!(whole.matches("wrong kind of value").count(), 1, "{whole}");
+
+        let timed_out = LockError::new(ErrorKind::Unavailable)
+            .with_message("cannot connect to a:1")
+            .with_source(TimedOut {
+                after: Duration::from_secs(1),
+            });
+        assert_eq!(
+            timed_out.to_string(),
+            "redis is unavailable: cannot connect to a:1"
+        );
+        assert_eq!(
+            timed_out.chain().to_string(),
+            "redis is unavailable: cannot connect to a:1: no answer within 1s"
+        );
     }
 
     #[test]

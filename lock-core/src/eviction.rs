@@ -131,7 +131,7 @@ pub(crate) async fn check(
                 )));
             }
             Err(e) => {
-                tracing::debug!(server = %addr, error = %e, "cannot read INFO memory, eviction not checked");
+                tracing::debug!(server = %addr, error = %e.chain(), "cannot read INFO memory, eviction not checked");
             }
         }
     }

@@ -74,6 +74,16 @@
 //! assert_eq!(bill(7).await?, 7);
 //! # Ok(()) }
 //! ```
+//!
+//! # Cargo features
+//!
+//! - `macros` (default): re-exports the `#[distributed_lock]` attribute.
+//! - `metrics`: counters, histograms and gauges through the `metrics` facade.
+//! - `tls`: `rediss://` URLs, through rustls.
+//! - `tower`: `tower::LockLayer`, a lock around each request of a service.
+//! - `testing`: hooks for this workspace's own tests and benchmarks on
+//!   [`LockClient`] (the renewal capacity, the in-process queues). **Not a
+//!   stable API**: they may change or go in any release.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // From the bottom layer up: a module uses only those above it in this list.

@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | span `lock` (DEBUG): `key`, `attempts`, `waited_ms`, `outcome` | around each acquisition |
 //! | DEBUG `lock busy, retrying`: `key`, `attempt`, `delay_ms` | each retry |
-//! | WARN `lock renewal failed`: `key` (the first of the round), `leases`, `error` | a renewal round that could not reach Redis |
+//! | WARN `lock renewal failed`: `key` (the first of the round), `leases`, `error` (with its cause) | a renewal round that could not reach Redis |
 //! | WARN `lock lost`: `key`, `reason` | a held lock found lost |
 //! | DEBUG `lock released`: `key`, `held_ms`, `owned` | each release |
 //! | DEBUG `lock re-entered`: `key` | a nested acquisition of a lock the task holds |
@@ -95,7 +95,7 @@ pub(crate) fn acquisition(
 /// A wait record that could not be written: the wait goes on, unseen by
 /// operators and by other waiters' walks until a later refresh.
 pub(crate) fn wait_record_failed(key: &str, error: &LockError) {
-    tracing::debug!(key, error = %error, "lock wait not recorded");
+    tracing::debug!(key, error = %error.chain(), "lock wait not recorded");
 }
 
 /// An acquisition gives up as the victim of a cycle of waits.
@@ -115,8 +115,8 @@ pub(crate) fn retry(key: &str, attempt: u32, delay: Duration) {
 
 /// A renewal round of `leases` leases (`key` the first of them) that could
 /// not reach Redis; it is tried again until each lease's validity runs out.
-pub(crate) fn renewal_failed(key: &str, leases: usize, error: &dyn std::fmt::Display) {
-    tracing::warn!(key, leases, error = %error, "lock renewal failed");
+pub(crate) fn renewal_failed(key: &str, leases: usize, error: &LockError) {
+    tracing::warn!(key, leases, error = %error.chain(), "lock renewal failed");
 }
 
 /// The heartbeat's round left `backlog` leases overdue: more locks are held

@@ -38,7 +38,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// How long a process may keep a key through hand-offs.
+///
+/// Start from [`HandoffBudget::new`], [`Default`] or [`HandoffBudget::NONE`]
+/// (more limits may be added, so it cannot be written as a struct
+/// literal); the fields can be read, and set on a budget one has:
+///
+/// ```
+/// use lock_core::HandoffBudget;
+/// use std::time::Duration;
+///
+/// let budget = HandoffBudget::new(100, Duration::from_millis(5));
+/// assert_eq!(budget.handoffs, 100);
+/// let mut longer = HandoffBudget::default();
+/// longer.hold = Duration::from_millis(50);
+/// assert_eq!(longer.handoffs, HandoffBudget::default().handoffs);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HandoffBudget {
     /// Hand-offs in a row before the lease is released for real.
     pub handoffs: u32,
@@ -48,6 +64,12 @@ pub struct HandoffBudget {
 }
 
 impl HandoffBudget {
+    /// Up to `handoffs` hand-offs in a row, within `hold` of the lease
+    /// being taken from Redis.
+    pub const fn new(handoffs: u32, hold: Duration) -> HandoffBudget {
+        HandoffBudget { handoffs, hold }
+    }
+
     /// No hand-offs: every release goes to Redis (the tasks of a process
     /// still queue fairly).
     pub const NONE: HandoffBudget = HandoffBudget {

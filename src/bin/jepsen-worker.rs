@@ -135,7 +135,7 @@ async fn connect(args: &Args) -> Result<LockClient, String> {
         }
         match builder.build().await {
             Ok(client) => return Ok(client),
-            Err(e) if started.elapsed() >= CONNECT_BOUND => return Err(e.to_string()),
+            Err(e) if started.elapsed() >= CONNECT_BOUND => return Err(e.chain().to_string()),
             Err(_) => tokio::time::sleep(args.op_timeout).await,
         }
     }

@@ -296,9 +296,39 @@ async fn wrong_password_is_a_clear_error() {
             .contains("the server refused the credentials: check the user name and password"),
         "{err}"
     );
-    assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
+    assert!(
+        !err.chain().to_string().contains("wrong"),
+        "password leaked: {}",
+        err.chain()
+    );
     let ok = LockClient::builder().url(server.url()).build().await;
     assert!(ok.is_ok(), "{:?}", ok.err());
+}
+
+/// A refused login reported whole: the error says what happened and what
+/// to check, and the server's own words follow once, as its source,
+/// however the chain is printed.
+#[tokio::test]
+async fn a_refused_login_is_told_once_in_a_whole_chain() {
+    const REFUSAL: &str = "invalid username-password pair";
+    let server = RedisServer::builder().password("right").start();
+    let url = server.url().replace(":right@", ":wrong@");
+    let err = LockClient::builder().url(url).build().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Server, "{}", err.chain());
+    // The error itself says what happened, without the source's text.
+    let said = err.to_string();
+    assert!(said.contains("refused the credentials"), "{said}");
+    assert!(!said.contains(REFUSAL), "{said}");
+    let source = std::error::Error::source(&err).expect("the server's answer as the source");
+    assert!(source.to_string().contains(REFUSAL), "{source}");
+    assert!(source.source().is_none(), "{source:?}");
+    // anyhow walks the sources itself; chain() does the same.
+    let reported = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(reported.matches(REFUSAL).count(), 1, "{reported}");
+    assert!(reported.starts_with(&said), "{reported}");
+    let url = server.url().replace(":right@", ":wrong@");
+    let err = LockClient::builder().url(url).build().await.unwrap_err();
+    assert_eq!(err.chain().to_string(), reported);
 }
 
 #[tokio::test]

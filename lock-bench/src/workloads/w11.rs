@@ -116,7 +116,7 @@ impl Outcome {
         match result {
             Ok(()) => Outcome::Done,
             Err(e) if e.kind() == ErrorKind::WouldDeadlock => Outcome::Deadlock,
-            Err(e) => Outcome::Failed(e.to_string()),
+            Err(e) => Outcome::Failed(e.chain().to_string()),
         }
     }
 }

@@ -257,7 +257,9 @@ async fn take(client: &LockClient, options: &LockOptions, locks: usize) -> Taken
             Err(e) => {
                 taken.failed += 1;
                 taken.refused += u64::from(e.is_at_capacity());
-                taken.first_error.get_or_insert_with(|| e.to_string());
+                taken
+                    .first_error
+                    .get_or_insert_with(|| e.chain().to_string());
             }
         }
     }

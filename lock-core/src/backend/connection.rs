@@ -554,9 +554,10 @@ mod tests {
         let answers = join_all((0..3).map(|_| fixture.call(limit, &open))).await;
         for answer in answers {
             let err = answer.unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Server, "{err}");
-            assert!(err.to_string().contains("refused by test:1"), "{err}");
-            assert!(err.to_string().contains("WRONGPASS"), "{err}");
+            let whole = err.chain().to_string();
+            assert_eq!(err.kind(), ErrorKind::Server, "{whole}");
+            assert!(err.to_string().contains("refused by test:1"), "{whole}");
+            assert!(whole.contains("WRONGPASS"), "{whole}");
         }
         assert_eq!(fixture.call(limit, &open).await.unwrap(), 7);
         assert_eq!(fixture.opens(), 2);

@@ -198,7 +198,7 @@ impl Node {
                 "cannot use Redis URL {:?}: write it as redis://[user:password@]host:port[/db]",
                 redact(url)
             ))
-            .with_source(e)
+            .with_redis_source(e)
         })?;
         #[cfg(feature = "tls")]
         let tls = if is_tls_url(url) {
@@ -235,7 +235,7 @@ impl Node {
                 "cannot use Redis URL {:?} with the TLS certificates given to the builder",
                 redact(url)
             ))
-            .with_source(e)
+            .with_redis_source(e)
         })?;
         Ok(Node::with_client(client, Some(tls), connect_timeout))
     }
@@ -271,7 +271,7 @@ impl Node {
         let target = SentinelTarget::new(sentinel_urls, service, primary).map_err(|e| {
             let shown: Vec<String> = sentinel_urls.iter().map(|u| redact(u)).collect();
             LockError::config(format!("cannot use sentinel URLs {}", shown.join(", ")))
-                .with_source(e)
+                .with_redis_source(e)
         })?;
         let hosts: Vec<String> = sentinel_urls
             .iter()
@@ -401,7 +401,7 @@ impl Server for Node {
                                  reconnecting to the new primary",
                                 self.addr
                             ))
-                            .with_source(e),
+                            .with_redis_source(e),
                     );
                 }
                 if e.is_connection_dropped() || e.is_unrecoverable_error() {
@@ -530,7 +530,7 @@ fn connect_error(addr: &str, err: redis::RedisError) -> LockError {
     #[cfg(feature = "tls")]
     if let Some(hint) = tls::handshake_hint(&err) {
         return LockError::config(format!("TLS handshake with {addr} failed; {hint}"))
-            .with_source(err);
+            .with_redis_source(err);
     }
     let err = from_redis(err);
     if err.kind() == ErrorKind::Unavailable {

@@ -478,7 +478,7 @@ impl LockClientBuilder {
                          redis://[user:]password@host[/db]",
                         redact(url)
                     ))
-                    .with_source(e)
+                    .with_redis_source(e)
                 })?
                 .redis_settings()
                 .clone(),
@@ -576,7 +576,7 @@ impl LockClientBuilder {
     /// let client = match built {
     ///     Ok(client) => client,
     ///     Err(e) if e.kind() == ErrorKind::Unavailable => {
-    ///         return Err(format!("Redis is not up yet, try again: {e}").into());
+    ///         return Err(format!("Redis is not up yet, try again: {}", e.chain()).into());
     ///     }
     ///     Err(e) => return Err(e.into()), // a configuration or login to fix
     /// };

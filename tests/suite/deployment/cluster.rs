@@ -335,7 +335,7 @@ async fn eventually_down(client: &LockClient, key: &str) -> String {
     let started = Instant::now();
     loop {
         match client.try_lock(key, Duration::from_secs(1)).await {
-            Err(e) => return e.to_string(),
+            Err(e) => return e.chain().to_string(),
             Ok(guard) => drop(guard),
         }
         assert!(
