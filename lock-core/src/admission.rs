@@ -495,6 +495,7 @@ impl Load {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Caps the capacity at `renewals_per_second` (tests).
     pub(crate) fn set_ceiling(&self, admission: &Admission, renewals_per_second: f64) {
         let ceiling = (renewals_per_second * MILLI).clamp(0.0, u64::MAX as f64) as u64;

@@ -483,16 +483,6 @@ impl LockClient {
     }
 }
 
-/// Without the `testing` feature, what its hooks read is used by nothing
-/// else; kept compiled (and checked) for them all the same.
-#[cfg(not(feature = "testing"))]
-#[allow(dead_code)]
-fn testing_hooks(client: &LockClient) {
-    let _ = client.inner.heartbeat.capacity();
-    client.inner.heartbeat.set_capacity_ceiling(f64::MAX);
-    let _ = client.inner.queues.len();
-}
-
 /// Runs the acquisition `start` makes, with `options` (waiting
 /// `default_wait` unless they say), recorded in `span`
 /// and the metrics. Should it be kept unpolled after a wake-up, it is

@@ -367,9 +367,7 @@ impl LockError {
 
     /// The `redis` crate's error this one comes from, if any: its source
     /// is a private wrapper, which `downcast_ref::<redis::RedisError>` on
-    /// the source does not see through. Unused until
-    /// `backend::cluster::is_migrating` reads a TRYAGAIN answer with it.
-    #[allow(dead_code)]
+    /// the source does not see through.
     pub(crate) fn redis_error(&self) -> Option<&redis::RedisError> {
         self.source_ref::<RedisCause>().map(|cause| &cause.0)
     }
@@ -683,14 +681,7 @@ pub(crate) fn from_redis(err: redis::RedisError) -> LockError {
     } else {
         None
     };
-    // `backend::cluster::is_migrating` reads a TRYAGAIN answer as the
-    // `redis` crate's error: kept as such (its text said twice in a whole
-    // chain) until it asks `LockError::redis_error` instead.
-    let error = if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) {
-        LockError::new(kind).with_source(err)
-    } else {
-        LockError::new(kind).with_redis_source(err)
-    };
+    let error = LockError::new(kind).with_redis_source(err);
     match message {
         Some(message) => error.with_message(message),
         None => error,

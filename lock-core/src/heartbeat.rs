@@ -321,12 +321,14 @@ impl Heartbeat {
         &self.admission
     }
 
+    #[cfg(feature = "testing")]
     /// The measured renewal capacity, in leases renewed a second, once a
     /// round was timed (see `admission.rs`).
     pub(crate) fn capacity(&self) -> Option<f64> {
         self.lock().leases.load.capacity()
     }
 
+    #[cfg(feature = "testing")]
     /// Caps the renewal capacity at `renewals_per_second`, whatever is
     /// measured: a small capacity for tests.
     pub(crate) fn set_capacity_ceiling(&self, renewals_per_second: f64) {

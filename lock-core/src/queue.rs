@@ -476,6 +476,7 @@ impl Queues {
         self.shards[at].0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    #[cfg(feature = "testing")]
     /// How many keys have a queue: held, or being acquired, by some task.
     pub(crate) fn len(&self) -> usize {
         self.shards

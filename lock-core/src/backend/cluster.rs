@@ -265,7 +265,7 @@ impl ClusterNode {
                 "cannot use Redis URL {:?}: write it as redis://[user:password@]host:port[/db]",
                 redact(url)
             ))
-                        .with_source(e)
+                        .with_redis_source(e)
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -414,7 +414,7 @@ fn hear_release(routes: &Arc<Routes>, key: &str, token: &Token, limit: Duration)
             let node = ClusterNode::over(routes);
             if let Err(error) = node.release(&key, &token, limit).await {
                 observe::unheard_release(Err(redis::RedisError::from(std::io::Error::other(
-                    error.to_string(),
+                    error.chain().to_string(),
                 ))));
             }
         });
@@ -475,7 +475,7 @@ impl Routes {
             .clone()
             .set_addr(redis::ConnectionAddr::Tcp(host.to_owned(), port));
         let client = redis::Client::open(info).map_err(|e| {
-            LockError::config(format!("cannot use cluster node {host}:{port}")).with_source(e)
+            LockError::config(format!("cannot use cluster node {host}:{port}")).with_redis_source(e)
         })?;
         let node = Arc::new(Node::with_client(client, None, self.connect_timeout));
         nodes.insert((host.to_owned(), port), node.clone());
@@ -746,8 +746,7 @@ fn slot_map(slots: &Value) -> Result<(Layout, Vec<Addr>), LockError> {
 /// of a slot migration (`TRYAGAIN`, see [`Routes::send`]): the lock
 /// commands that can, do the same with commands of one key each.
 pub(crate) fn is_migrating(err: &LockError) -> bool {
-    std::error::Error::source(err)
-        .and_then(|source| source.downcast_ref::<redis::RedisError>())
+    err.redis_error()
         .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain))
 }
 
@@ -766,7 +765,7 @@ async fn answered(mut conn: Conn, cmd: &Cmd, asking: bool) -> redis::RedisResult
 /// Keeps `err` for the call to report, and stands for it as a dropped
 /// connection (`Routed`'s callers see the `redis` crate's errors).
 fn keep(lost: &Mutex<Option<Lost>>, err: LockError) -> redis::RedisError {
-    let message = err.to_string();
+    let message = err.chain().to_string();
     *lost.lock().unwrap_or_else(PoisonError::into_inner) = Some(Lost { err, at: None });
     dropped(message)
 }
@@ -778,7 +777,7 @@ fn keep_unreached(
     err: LockError,
     at: Option<(Arc<Node>, u16)>,
 ) -> redis::RedisError {
-    let message = err.to_string();
+    let message = err.chain().to_string();
     *lost.lock().unwrap_or_else(PoisonError::into_inner) = Some(Lost { err, at });
     dropped(message)
 }
