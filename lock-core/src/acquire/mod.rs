@@ -173,8 +173,11 @@ impl ClientInner {
         loop {
             listener.prepare(inner, request.deadline, &promise).await;
             // Listen before asking, so a release in between is not missed.
-            let mut released =
-                std::pin::pin!(listener.subscription.as_ref().map(Subscription::released));
+            let mut released = std::pin::pin!(
+                (listener.subscription.as_ref())
+                    .or(listener.unconfirmed.as_ref())
+                    .map(Subscription::released)
+            );
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
@@ -350,6 +353,10 @@ const LISTEN_MARGIN: Duration = Duration::from_secs(1);
 /// At most one round trip a second per waiting key and process.
 const LISTEN_AGAIN: Duration = Duration::from_secs(1);
 
+/// How soon a waiter marks again after its mark found no server (a
+/// failover under way): the new primary gets the mark within this.
+const MARK_AGAIN: Duration = Duration::from_millis(100);
+
 /// What a waiter listens on: the release messages of the key its last
 /// attempt found held, and, on a cluster, the mark that has that key's
 /// releases publish them.
@@ -357,8 +364,14 @@ const LISTEN_AGAIN: Duration = Duration::from_secs(1);
 pub(crate) struct Listener {
     pub(crate) target: Target,
     pub(crate) subscription: Option<Subscription>,
+    /// A subscription no hub confirmed (all away): not one to count on,
+    /// but its waiter is woken when a hub comes back, to subscribe again.
+    pub(crate) unconfirmed: Option<Subscription>,
     /// When the listeners mark was last set, and until when it lasts.
     marked: Option<(Instant, Instant)>,
+    /// The last mark found no server: it is set again within
+    /// [`MARK_AGAIN`].
+    mark_again: bool,
     /// [`Backend::moves`](crate::backend::Backend::moves) when it was set:
     /// after a failover it is set again on the new primary.
     marked_in: u64,
@@ -392,6 +405,7 @@ impl Listener {
     /// dropped the subscription).
     pub(crate) fn renew(&mut self) {
         self.subscription = None;
+        self.unconfirmed = None;
         self.target.subscribe = self.target.key.is_some();
     }
 
@@ -417,8 +431,18 @@ impl Listener {
         if std::mem::take(&mut self.target.subscribe) {
             let limit = inner.op_timeout.min(left(Instant::now()));
             promise(limit);
-            self.subscription = inner.wakeups.subscribe(key, limit).await;
+            let subscription = inner.wakeups.subscribe(key, limit).await;
             self.marked = None;
+            if subscription.is_confirmed() {
+                self.subscription = Some(subscription);
+                self.unconfirmed = None;
+            } else {
+                // Again before the next attempt, which a hub coming back
+                // wakes.
+                self.subscription = None;
+                self.unconfirmed = Some(subscription);
+                self.target.subscribe = true;
+            }
         }
         if self.subscription.is_none() || inner.backend.wake() != Wake::Listeners {
             return;
@@ -438,10 +462,23 @@ impl Listener {
         let limit = inner.op_timeout.min(left(now));
         promise(limit);
         match inner.backend.listen(key, how_long, limit).await {
-            Ok(()) => self.marked = Some((now, now + how_long)),
+            Ok(()) => {
+                self.marked = Some((now, now + how_long));
+                self.mark_again = false;
+            }
+            // A server that did not answer (its primary failing over, a
+            // connection cut): the subscription stays, and with it what
+            // is still marked (replicated to a promoted replica), and the
+            // mark is set again soon, before an attempt within
+            // [`MARK_AGAIN`].
+            Err(e) if e.kind() == ErrorKind::Unavailable => {
+                self.marked = None;
+                self.mark_again = true;
+            }
             Err(_) => {
                 self.subscription = None;
                 self.marked = None;
+                self.mark_again = false;
             }
         }
     }
@@ -449,6 +486,9 @@ impl Listener {
     /// How long a pause may last with its release heard: until the mark
     /// runs out, where one is needed.
     pub(crate) fn heard_for(&self) -> Duration {
+        if self.mark_again {
+            return MARK_AGAIN;
+        }
         match (&self.subscription, self.marked) {
             (Some(_), Some((_, until))) => until.saturating_duration_since(Instant::now()),
             _ => Duration::MAX,

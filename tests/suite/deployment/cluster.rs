@@ -348,9 +348,12 @@ async fn eventually_down(client: &LockClient, key: &str) -> String {
 
 /// Through a graceful failover, then a killed primary: the held lock is
 /// kept (renewed on the promoted replica), the waiter hears its release
-/// (within 100 ms after the graceful one), and fencing tokens keep rising. The waiter is seeded
+/// within 100 ms, and fencing tokens keep rising. The waiter is seeded
 /// with the primary that is killed. Before, a waiter's first attempt after
-/// the kill went to the dead primary and it came back on its backoff.
+/// the kill went to the dead primary and it came back on its backoff; and
+/// a waiter whose listeners mark went to the dead primary dropped its
+/// subscription, to hear nothing until its timer (1.7-3.5 s after the
+/// release in 4 of 18 killed rounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locks_and_waiters_follow_failovers() {
     let mut cluster = RedisCluster::start(3, 1);
@@ -403,16 +406,10 @@ async fn locks_and_waiters_follow_failovers() {
         assert!(!guard.is_lost(), "{round}: lost {:?}", guard.loss_reason());
         let took = woken_after_release(guard, task).await;
         eprintln!("{round} failover: waiter woken {took:?} after the release");
-        // After a kill the waiter usually hears the release within the
-        // bound too, but on a loaded machine it was once left to its
-        // timer (3.7 s of 5 s): only "it gets the lock" is asserted there
-        // (docs/deployment.md gives the figures).
-        let bound = if round == "graceful" {
-            WOKEN_WITHIN
-        } else {
-            ttl
-        };
-        assert!(took < bound, "{round}: woken {took:?} after the release");
+        assert!(
+            took < WOKEN_WITHIN,
+            "{round}: woken {took:?} after the release"
+        );
         last_token = token;
     }
     let guard = holder.lock_with(&key, fenced()).await.unwrap();
