@@ -173,11 +173,8 @@ impl ClientInner {
         loop {
             listener.prepare(inner, request.deadline, &promise).await;
             // Listen before asking, so a release in between is not missed.
-            let mut released = std::pin::pin!(
-                (listener.subscription.as_ref())
-                    .or(listener.unconfirmed.as_ref())
-                    .map(Subscription::released)
-            );
+            let mut released =
+                std::pin::pin!(listener.subscription.as_ref().map(Subscription::released));
             if let Some(released) = released.as_mut().as_pin_mut() {
                 released.enable();
             }
@@ -364,9 +361,6 @@ const MARK_AGAIN: Duration = Duration::from_millis(100);
 pub(crate) struct Listener {
     pub(crate) target: Target,
     pub(crate) subscription: Option<Subscription>,
-    /// A subscription no hub confirmed (all away): not one to count on,
-    /// but its waiter is woken when a hub comes back, to subscribe again.
-    pub(crate) unconfirmed: Option<Subscription>,
     /// When the listeners mark was last set, and until when it lasts.
     marked: Option<(Instant, Instant)>,
     /// The last mark found no server: it is set again within
@@ -405,7 +399,7 @@ impl Listener {
     /// dropped the subscription).
     pub(crate) fn renew(&mut self) {
         self.subscription = None;
-        self.unconfirmed = None;
+        self.mark_again = false;
         self.target.subscribe = self.target.key.is_some();
     }
 
@@ -431,18 +425,8 @@ impl Listener {
         if std::mem::take(&mut self.target.subscribe) {
             let limit = inner.op_timeout.min(left(Instant::now()));
             promise(limit);
-            let subscription = inner.wakeups.subscribe(key, limit).await;
+            self.subscription = inner.wakeups.subscribe(key, limit).await;
             self.marked = None;
-            if subscription.is_confirmed() {
-                self.subscription = Some(subscription);
-                self.unconfirmed = None;
-            } else {
-                // Again before the next attempt, which a hub coming back
-                // wakes.
-                self.subscription = None;
-                self.unconfirmed = Some(subscription);
-                self.target.subscribe = true;
-            }
         }
         if self.subscription.is_none() || inner.backend.wake() != Wake::Listeners {
             return;

@@ -82,11 +82,6 @@ pub(crate) struct Subscription {
     /// The hubs asked to subscribe, told to unsubscribe when the last
     /// waiter of the channel is done.
     hubs: Vec<mpsc::UnboundedSender<Request>>,
-    /// Some hub confirmed it subscribed. Unconfirmed (every hub away, a
-    /// node down), the waiter still counts for its channel: the hub that
-    /// comes back subscribes to it and wakes the waiter, which then
-    /// subscribes again.
-    confirmed: bool,
 }
 
 impl Subscription {
@@ -94,11 +89,6 @@ impl Subscription {
     /// (the returned future must be polled or enabled first).
     pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
         self.channel.released.notified()
-    }
-
-    /// Whether a hub confirmed the subscription (see [`Wakeups::subscribe`]).
-    pub(crate) fn is_confirmed(&self) -> bool {
-        self.confirmed
     }
 }
 
@@ -217,11 +207,9 @@ impl Wakeups {
     }
 
     /// Subscribes to releases of `channel` on every server, waiting at most
-    /// `limit` for the first server to confirm. Unconfirmed
-    /// ([`Subscription::is_confirmed`]) when no server could subscribe: the
-    /// caller falls back to its timer, and is woken when a hub comes back
-    /// (subscribed by then), to subscribe again.
-    pub(crate) async fn subscribe(&self, channel: &str, limit: Duration) -> Subscription {
+    /// `limit` for the first server to confirm. `None` when no server could
+    /// subscribe: the caller falls back to its timer.
+    pub(crate) async fn subscribe(&self, channel: &str, limit: Duration) -> Option<Subscription> {
         let entry = {
             let mut map = self.channels.lock();
             let entry = map
@@ -241,16 +229,15 @@ impl Wakeups {
             .iter()
             .filter_map(|hub| hub.handle(&self.channels))
             .collect();
-        let mut subscription = Subscription {
+        let subscription = Subscription {
             channel: entry,
             name: channel.to_owned(),
             channels: self.channels.clone(),
             hubs: handles.iter().map(|h| h.requests.clone()).collect(),
-            confirmed: true,
         };
         if self.hubs.is_empty() {
             // In-process locks: releases notify the channels directly.
-            return subscription;
+            return Some(subscription);
         }
         // The first server that confirms is enough to hear a release (each
         // release publishes on every server it reaches, a majority at
@@ -271,8 +258,8 @@ impl Wakeups {
             }
             false
         };
-        subscription.confirmed = tokio::time::timeout(limit, first).await.unwrap_or(false);
-        subscription
+        let confirmed = tokio::time::timeout(limit, first).await.unwrap_or(false);
+        confirmed.then_some(subscription)
     }
 }
 

@@ -339,8 +339,7 @@ impl Watch {
                 self.listener.renew();
             }
             self.listen().await;
-            let listener = &self.listener;
-            let subscription = (listener.subscription.as_ref()).or(listener.unconfirmed.as_ref());
+            let subscription = self.listener.subscription.as_ref();
             // Listen before asking, so a release in between is not missed.
             let mut released = pin!(subscription.map(Subscription::released));
             if let Some(released) = released.as_mut().as_pin_mut() {
