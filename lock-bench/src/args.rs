@@ -57,7 +57,9 @@ OPTIONS:
     -h, --help        this text
 
 The bench starts its own redis-server processes on free ports (found through
-REDIS_SERVER_BIN or PATH) and stops them when it ends.";
+REDIS_SERVER_BIN or PATH) and stops them when it ends. On a server with a
+native compare-and-delete (Valkey 9), LOCK_BENCH_RELEASE=script has lock-core
+release with its script instead, for the comparison.";
 
 /// Options of a benchmark run.
 #[derive(Clone, Debug)]

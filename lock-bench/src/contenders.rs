@@ -367,8 +367,17 @@ pub async fn lock_core_client_to(endpoint: &Endpoint) -> Result<LockClient, Lock
         .key_prefix(LOCK_CORE_PREFIX)
         .default_ttl(TTL)
         .default_wait(WAIT)
+        .native_commands(native_release())
         .build()
         .await
+}
+
+/// Whether lock-core releases by the server's own compare-and-delete where
+/// it has one (its default): `LOCK_BENCH_RELEASE=script` measures it with
+/// the release script instead, to compare the two on one server. Read in
+/// every process of a run, workers too.
+pub fn native_release() -> bool {
+    std::env::var("LOCK_BENCH_RELEASE").map_or(true, |release| release != "script")
 }
 
 /// The minimum lock's cycle.

@@ -47,12 +47,18 @@ pub(crate) struct Settings {
     pub(crate) op_timeout: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) handoff: HandoffBudget,
+    /// Releases by the server's own compare-and-delete where it has one.
+    pub(crate) native: bool,
 }
 
 impl ClientInner {
     /// The shared state of a client of checked settings and a backend.
     pub(crate) fn assemble(settings: Settings, backend: Backend) -> Arc<ClientInner> {
         let wakeups = backend.wakeups();
+        let holder = Arc::new(Holder::new(&settings.holder));
+        if settings.native {
+            backend.release_natively(&holder);
+        }
         let backend = Arc::new(backend);
         let renewals = match backend.is_remote() {
             true => Arc::new(backend.twin()),
@@ -64,7 +70,7 @@ impl ClientInner {
             queues: Queues::default(),
             handoff: settings.handoff,
             wakeups,
-            holder: Arc::new(Holder::new(&settings.holder)),
+            holder,
             prefix: settings.prefix,
             default_ttl: settings.default_ttl,
             default_wait: settings.default_wait,

@@ -63,8 +63,9 @@ macro_rules! lua {
 }
 
 /// Every script lock-core calls by its hash.
-pub(crate) static ALL: [&Lua; 20] = [
+pub(crate) static ALL: [&Lua; 21] = [
     &RELEASE,
+    &RELEASE_ASKING,
     &RENEW,
     &SET_TTL,
     &ACQUIRE_FENCED,
@@ -293,6 +294,23 @@ macro_rules! lua_foreign {
 /// one server next to nothing. Given the listeners mark, it publishes only
 /// while the mark exists.
 pub(crate) static RELEASE: Lua = lua!(concat!(lua_read!(), include_str!("scripts/release.lua")));
+
+/// [`RELEASE`], on one server, asking besides whether the next release
+/// may go by the server's own `DELIFEQ` (see `backend/native.rs`): the
+/// first release on each connection of a client that releases natively.
+/// `redis.acl_check_cmd` (Redis 7.0) tells whether the command exists and
+/// this user may run it on the key, without running it and without an
+/// entry in `ACL LOG`.
+///
+/// `KEYS[1]` lock key, `ARGV[1]` token, `ARGV[2]` the lock's whole value
+/// as this client believes it, optional `ARGV[3]` = `quiet`. Returns
+/// `{released, native}`: released as [`RELEASE`]; native 1 when the
+/// command may be used and the value was the lock's to the byte, 0 when
+/// not, 2 when it may be used but the lock was no longer ours to compare.
+pub(crate) static RELEASE_ASKING: Lua = lua!(concat!(
+    lua_read!(),
+    include_str!("scripts/release_asking.lua")
+));
 
 /// Whom a release's wake-up (`PUBLISH` on the channel named like the key)
 /// goes to.

@@ -14,12 +14,25 @@ pub(crate) const TOKEN_BYTES: usize = 16;
 /// A new token is made for every acquisition, so a lock can only be renewed or
 /// released by the acquisition that took it, never by another task or process
 /// that happens to share a client. An exclusive lock's value goes on with
-/// its holder's name (see [`Holder::value`]); the token alone still decides
+/// its holder's name (see [`Stamped`]); the token alone still decides
 /// ownership.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) struct Token {
     hex: [u8; TOKEN_BYTES * 2],
+    /// The acquisition time its exclusive value carries, in the server's
+    /// milliseconds, when it was drawn for one ([`Token::stamped`]); 0
+    /// when the value is dated as it is written. A value known to the byte
+    /// can be deleted by a native compare-and-delete (`DELIFEQ`).
+    at_ms: i64,
 }
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Token) -> bool {
+        self.hex == other.hex
+    }
+}
+
+impl Eq for Token {}
 
 /// The longest holder name a client accepts, in bytes.
 pub const MAX_HOLDER_LEN: usize = 256;
@@ -103,10 +116,21 @@ impl Stamped<'_> {
         push(&self.token.hex);
         push(b"|");
         let mut digits = [0u8; 20];
-        push(decimal(holder.server_now_ms(), &mut digits));
+        let at_ms = match self.token.at_ms {
+            0 => holder.server_now_ms(),
+            at_ms => at_ms,
+        };
+        push(decimal(at_ms, &mut digits));
         push(b"||");
         push(holder.name.as_bytes());
         f(&buf[..len])
+    }
+
+    /// Whether the value is the same at every write: the token alone, or
+    /// a token dated when it was drawn ([`Token::stamped`]). Only such a
+    /// value can be named to a native compare-and-delete.
+    pub(crate) fn exact(&self) -> bool {
+        self.holder.is_none() || self.token.at_ms != 0
     }
 
     /// The value as text, for the in-memory store.
@@ -162,7 +186,26 @@ pub(crate) fn default_holder_name() -> String {
 
 impl Token {
     pub(crate) fn generate() -> Token {
-        Token { hex: random_hex() }
+        Token {
+            hex: random_hex(),
+            at_ms: 0,
+        }
+    }
+
+    /// The same token, its value no longer taken as known to the byte (a
+    /// fence was written into it).
+    pub(crate) fn undated(self) -> Token {
+        Token { at_ms: 0, ..self }
+    }
+
+    /// A token for one exclusive acquisition attempt by `holder`, dated
+    /// now: the value it stores is then known to the byte (see
+    /// [`Stamped::exact`]).
+    pub(crate) fn stamped(holder: &Holder) -> Token {
+        Token {
+            hex: random_hex(),
+            at_ms: holder.server_now_ms().max(1),
+        }
     }
 }
 

@@ -39,6 +39,7 @@ mod leader;
 mod liveness;
 mod long;
 mod metrics;
+mod native;
 mod operators;
 mod reconnect;
 mod redlock;

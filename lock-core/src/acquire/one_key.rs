@@ -93,7 +93,13 @@ impl ClientInner {
         }
         // Until the answer is in, the lease is this task's to let go: if the
         // call is cancelled, it is released in the background.
-        let held = MayHold::new(inner, &request.storage_key, handed.token, request.ttl);
+        // A fence drawn now goes into the value: no longer known to the
+        // byte, it is released by the script.
+        let token = match request.fence_key {
+            Some(_) => handed.token.undated(),
+            None => handed.token,
+        };
+        let held = MayHold::new(inner, &request.storage_key, token, request.ttl);
         let limit = request.limit(inner.op_timeout);
         front.promise(Instant::now() + limit);
         let taken = inner
@@ -148,7 +154,13 @@ impl Contender for OneKey<'_, '_> {
         }
         // Should this future be dropped before the answer is in, the SET may
         // still be applied: the token is then released in the background.
-        let held = MayHold::new(inner, &request.storage_key, Token::generate(), request.ttl);
+        // Fenced, the value gets the fence the server draws: a token dated
+        // for a native release would not name it.
+        let token = match request.fence_key {
+            Some(_) => Token::generate(),
+            None => Token::stamped(&inner.holder),
+        };
+        let held = MayHold::new(inner, &request.storage_key, token, request.ttl);
         let limit = request.limit(inner.op_timeout);
         let sent = Instant::now();
         let writer = self

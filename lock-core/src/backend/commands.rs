@@ -1,6 +1,8 @@
 //! The lock commands on one server connection, over [`Server::call`].
 
 use super::cluster::is_migrating;
+use super::native::{self, Use};
+use super::wire::native::Support;
 use super::{
     Attempt, BATCH, Batched, LockKeys, MinReplicas, Renewable, Server, Several, SharedAttempt,
     SharedKeys, SharedLease,
@@ -372,8 +374,23 @@ pub(crate) trait LockCommands: Server {
         let wake = if publish { self.wake() } else { Wake::Nobody };
         let release = |wake: Wake, limit: Duration| {
             self.call(limit, true, move |mut conn| {
-                let inv = scripts::release_call(key, token, wake);
-                async move { inv.invoke::<i64>(&mut conn).await }
+                let value = self.native_value(token).filter(|_| native::tells(wake));
+                async move {
+                    if let Some(value) = value {
+                        let usable = Self::native_support(&conn).map_or(Use::No, Support::usable);
+                        let (released, told) =
+                            native::release(&mut conn, key, (token, value), wake, usable).await?;
+                        if let Some(support) = Self::native_support(&conn) {
+                            told.record(support);
+                        }
+                        if let Some(released) = released {
+                            return Ok(i64::from(released));
+                        }
+                    }
+                    scripts::release_call(key, token, wake)
+                        .invoke::<i64>(&mut conn)
+                        .await
+                }
             })
         };
         let released = match release(wake, limit).await {

@@ -14,6 +14,8 @@ mod connection;
 mod majority;
 // Locks in this process's memory, for users' tests.
 mod memory;
+// Releases by the server's own compare-and-delete (`DELIFEQ`).
+mod native;
 // One Redis server (or Sentinel's primary) and its connection.
 mod node;
 // The operators' commands: inspect, force release, list.
@@ -49,9 +51,10 @@ pub(crate) use wakeup::{Subscription, Wakeups};
 use crate::error::LockError;
 use crate::observe;
 use crate::scripts::Wake;
-use crate::token::Token;
+use crate::token::{Holder, Token};
 use futures::future::join_all;
 use majority::{Decision, OnSplit, Vote};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The storage behind a client.
@@ -75,6 +78,16 @@ impl Backend {
             Backend::Redlock(quorum) => Backend::Redlock(quorum.twin()),
             Backend::Cluster(cluster) => Backend::Cluster(cluster.twin()),
             Backend::Memory(store) => Backend::Memory(store.clone()),
+        }
+    }
+
+    /// Releases from now on name `holder`'s dated values to the servers'
+    /// own compare-and-delete where they have one (see `native`): on one
+    /// server and on each of a Redlock's. A cluster keeps the script, which
+    /// publishes only while a waiter listens.
+    pub(crate) fn release_natively(&self, holder: &Arc<Holder>) {
+        for node in self.nodes() {
+            node.release_natively(holder);
         }
     }
 

@@ -3,15 +3,18 @@
 
 use super::Server;
 use super::connection::{self, Failure, Opens, SharedConnection, TakesCalls};
+use super::native::{self, Use};
+use super::wire::native::Support;
 use super::wire::{Hear, TlsConfig, Wire};
 use crate::error::{ErrorKind, LockError, from_redis};
 use crate::observe;
 use crate::scripts::{self, Wake};
-use crate::token::Token;
+use crate::token::{Holder, Stamped, Token};
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 // The Sentinels' answer, one per client, and how it is read.
@@ -39,6 +42,10 @@ pub(crate) struct Node {
     /// `WAIT n timeout` after each acquisition, when set.
     pub(crate) min_replicas: Option<MinReplicas>,
     connection: SharedConnection<Served>,
+    /// The holder whose dated values this node's releases name to the
+    /// server's own compare-and-delete where it has one (see `native`);
+    /// unset, every release runs the script.
+    native: OnceLock<Arc<Holder>>,
 }
 
 /// A connection and the generation of the Sentinels' answer it was opened
@@ -294,6 +301,7 @@ impl Node {
             connect_timeout,
             min_replicas: None,
             connection: SharedConnection::new(connect_timeout, connect_error, opens),
+            native: OnceLock::new(),
         })
     }
 
@@ -315,6 +323,7 @@ impl Node {
             connect_timeout,
             min_replicas: None,
             connection: SharedConnection::new(connect_timeout, connect_error, opens),
+            native: OnceLock::new(),
         }
     }
 
@@ -327,6 +336,7 @@ impl Node {
             connect_timeout,
             min_replicas: None,
             connection: SharedConnection::new(connect_timeout, connect_error, Opens::WhereCalled),
+            native: OnceLock::new(),
         }
     }
 
@@ -351,7 +361,14 @@ impl Node {
             connect_timeout: self.connect_timeout,
             min_replicas: self.min_replicas,
             connection: self.connection.twin(),
+            native: self.native.clone(),
         }
+    }
+
+    /// Releases from now on name `holder`'s dated values to the server's
+    /// own compare-and-delete where its connection found one.
+    pub(crate) fn release_natively(&self, holder: &Arc<Holder>) {
+        let _ = self.native.set(Arc::clone(holder));
     }
 
     /// The server's address, without credentials.
@@ -369,6 +386,21 @@ impl Server for Node {
 
     fn min_replicas(&self) -> Option<MinReplicas> {
         self.min_replicas
+    }
+
+    fn native_value<'s>(&'s self, token: &'s Token) -> Option<Stamped<'s>> {
+        let value = Stamped {
+            token,
+            holder: Some(self.native.get()?),
+        };
+        value.exact().then_some(value)
+    }
+
+    fn native_support(conn: &Conn) -> Option<&Support> {
+        match conn {
+            Conn::Wire(wire) => Some(wire.native()),
+            Conn::Multiplexed(_) | Conn::User(_) => None,
+        }
     }
 
     fn call<'a, T, F, Fut>(
@@ -470,26 +502,60 @@ impl Node {
         hear: impl Fn() -> Hear + Send + Sync,
     ) -> Result<(), LockError> {
         let hear = &hear;
-        self.call(limit, false, |conn| async move {
-            let inv = scripts::release_call(key, token, wake);
-            match conn {
-                Conn::Wire(wire) if wire.scripts_loaded() => {
+        // Sent without waiting, a native release always tells everyone.
+        let value = self.native_value(token).filter(|_| wake == Wake::Everyone);
+        self.call(limit, false, |mut conn| async move {
+            match (unheard_form(&conn, value, true), &conn) {
+                (Some(Form::Native(value)), Conn::Wire(wire)) => {
+                    let [delete, wake_up] = native::release_commands(key, value);
+                    wire.send_unheard_all([(&delete, hear()), (&wake_up, Hear::Log(drop))])
+                        .await
+                }
+                (Some(Form::Script), Conn::Wire(wire)) => {
+                    let inv = scripts::release_call(key, token, wake);
                     wire.send_unheard(inv.cmd(), hear()).await
                 }
-                mut conn => {
-                    // The first release on a connection (or the first after
-                    // a `SCRIPT FLUSH`) waits: it loads the script if the
-                    // server lacks it, which a release nobody hears could
-                    // not do.
-                    inv.invoke::<i64>(&mut conn).await?;
-                    if let Conn::Wire(wire) = conn {
-                        wire.mark_scripts_loaded();
-                    }
-                    Ok(())
+                // The first release on a connection waits: by the native
+                // command, to learn whether the server allows it; by the
+                // script (also the first after a `SCRIPT FLUSH`), to load
+                // it if the server lacks it, which a release nobody hears
+                // could not do.
+                _ => {
+                    self.release_awaited(&mut conn, key, token, value, wake)
+                        .await
                 }
             }
         })
         .await
+    }
+
+    /// The awaited form of a release sent without waiting (see
+    /// [`send_release`](Self::send_release)): natively where the
+    /// connection may try, else by the script.
+    async fn release_awaited(
+        &self,
+        conn: &mut Conn,
+        key: &str,
+        token: &Token,
+        value: Option<Stamped<'_>>,
+        wake: Wake,
+    ) -> redis::RedisResult<()> {
+        if let (Some(value), Conn::Wire(wire)) = (value, &*conn) {
+            let wire = wire.clone();
+            let usable = wire.native().usable();
+            let (released, told) = native::release(conn, key, (token, value), wake, usable).await?;
+            told.record(wire.native());
+            if released.is_some() {
+                return Ok(());
+            }
+        }
+        scripts::release_call(key, token, wake)
+            .invoke::<i64>(conn)
+            .await?;
+        if let Conn::Wire(wire) = conn {
+            wire.mark_scripts_loaded();
+        }
+        Ok(())
     }
 }
 
@@ -512,13 +578,48 @@ impl Node {
         wake: Wake,
         hear: impl FnOnce() -> Hear,
     ) -> bool {
-        match self.connection.current().map(|served| served.conn) {
-            Some(Conn::Wire(wire)) if wire.scripts_loaded() => {
+        let Some(conn) = self.connection.current().map(|served| served.conn) else {
+            return false;
+        };
+        let value = self.native_value(token).filter(|_| wake == Wake::Everyone);
+        // Nothing can wait here (a runtime shutting down, a process about
+        // to exit): a connection that has not asked yet runs the script.
+        match (unheard_form(&conn, value, false), &conn) {
+            (Some(Form::Native(value)), Conn::Wire(wire)) => {
+                let [delete, wake_up] = native::release_commands(key, value);
+                wire.send_unheard_all_now([(&delete, hear()), (&wake_up, Hear::Log(drop))])
+            }
+            (Some(Form::Script), Conn::Wire(wire)) => {
                 let inv = scripts::release_call(key, token, wake);
                 wire.send_unheard_now(inv.cmd(), hear())
             }
             _ => false,
         }
+    }
+}
+
+/// How a release goes without waiting for its reply.
+enum Form<'v> {
+    /// By the server's compare-and-delete, of this value.
+    Native(Stamped<'v>),
+    /// By the script, loaded on the connection.
+    Script,
+}
+
+/// How a release of what may be `value` goes over `conn` without waiting
+/// for its reply; `None` when it must wait (the `redis` crate's
+/// connection, a script not known loaded). With `may_ask`, also when the
+/// connection has not yet asked whether the native command may be used,
+/// which only an awaited release asks; without, such a release runs the
+/// script.
+fn unheard_form<'v>(conn: &Conn, value: Option<Stamped<'v>>, may_ask: bool) -> Option<Form<'v>> {
+    let Conn::Wire(wire) = conn else {
+        return None;
+    };
+    match (value, wire.native().usable()) {
+        (Some(value), Use::Yes) => Some(Form::Native(value)),
+        (Some(_), Use::Ask) if may_ask => None,
+        _ => wire.scripts_loaded().then_some(Form::Script),
     }
 }
 

@@ -7,8 +7,10 @@
 //! its keys' slot) implement it.
 
 use super::MinReplicas;
+use super::wire::native::Support;
 use crate::error::LockError;
 use crate::scripts::Wake;
+use crate::token::{Stamped, Token};
 use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use std::future::Future;
@@ -29,6 +31,19 @@ pub(crate) trait Server: Sync {
     /// while a waiter has marked that it listens.
     fn wake(&self) -> Wake {
         Wake::Everyone
+    }
+
+    /// The value `token`'s exclusive lock holds here, to the byte, when a
+    /// release of it may go by the server's own compare-and-delete (see
+    /// `native`): a dated token, on a client that releases natively.
+    fn native_value<'s>(&'s self, _token: &'s Token) -> Option<Stamped<'s>> {
+        None
+    }
+
+    /// How a release over `conn` may use the native command, and where
+    /// what it is answered is recorded.
+    fn native_support(_conn: &Self::Conn) -> Option<&Support> {
+        None
     }
 
     /// Runs `f` on the shared connection, bounded by `limit` in all

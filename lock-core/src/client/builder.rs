@@ -58,6 +58,7 @@ pub struct LockClientBuilder {
     backoff: Backoff,
     handoff: HandoffBudget,
     refuse_evicting: bool,
+    native_commands: bool,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -78,6 +79,7 @@ impl Default for LockClientBuilder {
             backoff: Backoff::default(),
             handoff: HandoffBudget::default(),
             refuse_evicting: false,
+            native_commands: true,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -310,6 +312,19 @@ impl LockClientBuilder {
         self
     }
 
+    /// Whether releases use the server's own compare-and-delete where it
+    /// has one (default `true`): `DELIFEQ key value` on Valkey 9.0 and
+    /// later, found when each connection opens (`COMMAND INFO`), then a
+    /// `PUBLISH` for the waiters in the same write. It spares the server
+    /// the release script; on other servers, and for fenced, shared and
+    /// several-key locks, the script runs as before. A user whose ACL
+    /// lacks `+command|info` or `+delifeq` keeps the script too (see
+    /// `docs/deployment.md`). `false` runs the script everywhere.
+    pub fn native_commands(mut self, on: bool) -> Self {
+        self.native_commands = on;
+        self
+    }
+
     /// The prefix of every key the client writes (default `"lock:"`).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -502,6 +517,7 @@ impl LockClientBuilder {
             op_timeout: self.op_timeout,
             backoff: self.backoff,
             handoff: self.handoff,
+            native: self.native_commands,
         }
     }
 
@@ -985,7 +1001,8 @@ impl fmt::Debug for LockClientBuilder {
             .field("node_timeout", &self.node_timeout)
             .field("backoff", &self.backoff)
             .field("handoff_budget", &self.handoff)
-            .field("refuse_evicting_servers", &self.refuse_evicting);
+            .field("refuse_evicting_servers", &self.refuse_evicting)
+            .field("native_commands", &self.native_commands);
         // Certificates and the private key are not printed, only whether
         // they were given.
         #[cfg(feature = "tls")]

@@ -58,6 +58,7 @@ use crate::scripts;
 // Loom's in the model tests (see `model` below).
 use crate::sync::{AtomicU64, Mutex, MutexGuard};
 
+pub(crate) mod native;
 #[cfg(feature = "tls")]
 mod tls;
 pub(crate) use tls::TlsConfig;
@@ -163,6 +164,9 @@ struct Inner {
     /// still go by tokio's readiness: a command that fills the socket's
     /// send buffer meanwhile waits for that runtime, within its bound.
     unheard_io: AtomicBool,
+    /// Whether the server deletes by value natively (`DELIFEQ`), as the
+    /// first release that asked was told.
+    native: native::Support,
 }
 
 #[derive(Default)]
@@ -265,6 +269,7 @@ impl Wire {
                 reads: AtomicU64::new(0),
                 callers: AtomicU64::new(0),
                 unheard_io: AtomicBool::new(false),
+                native: native::Support::default(),
             }),
         };
         if let Some(password) = settings.password() {
@@ -417,12 +422,21 @@ impl Wire {
     /// many small writes, each costing a system call here and a read on the
     /// server.
     pub(crate) async fn send_unheard(&self, cmd: &Cmd, hear: Hear) -> RedisResult<()> {
+        self.send_unheard_all([(cmd, hear)]).await
+    }
+
+    /// [`send_unheard`](Self::send_unheard) of several commands, one after
+    /// the other with no other command between them.
+    pub(crate) async fn send_unheard_all<const N: usize>(
+        &self,
+        cmds: [(&Cmd, Hear); N],
+    ) -> RedisResult<()> {
         let Queued {
             idle,
             alone,
             end,
             unsent,
-        } = self.queue_unheard(cmd, hear)?;
+        } = self.queue_unheard(cmds)?;
         // Dropped at a wait below, it still writes what it can: no other
         // call may be left to write its bytes.
         struct Unwritten<'a>(Option<(&'a Inner, u64)>);
@@ -453,16 +467,18 @@ impl Wire {
         Ok(())
     }
 
-    /// Queues `cmd`, whose reply goes to `hear`.
-    fn queue_unheard(&self, cmd: &Cmd, hear: Hear) -> RedisResult<Queued> {
+    /// Queues each command, whose reply goes to its `Hear`.
+    fn queue_unheard<const N: usize>(&self, cmds: [(&Cmd, Hear); N]) -> RedisResult<Queued> {
         let mut state = self.inner.state();
         if let Some(err) = state.error() {
             return Err(err);
         }
         let idle = state.unsent.is_empty();
         let alone = state.callers_waiting == 0;
-        cmd.write_packed_command(&mut state.unsent);
-        state.expect(Waiter::Unheard(hear));
+        for (cmd, hear) in cmds {
+            cmd.write_packed_command(&mut state.unsent);
+            state.expect(Waiter::Unheard(hear));
+        }
         let unsent = state.unsent.len() - state.written;
         Ok(Queued {
             idle,
@@ -479,7 +495,13 @@ impl Wire {
     /// connection broke), it may still go out with the next write: the
     /// caller sends it again some other way, which must be safe to repeat.
     pub(crate) fn send_unheard_now(&self, cmd: &Cmd, hear: Hear) -> bool {
-        self.queue_unheard(cmd, hear)
+        self.send_unheard_all_now([(cmd, hear)])
+    }
+
+    /// [`send_unheard_now`](Self::send_unheard_now) of several commands,
+    /// one after the other with no other command between them.
+    pub(crate) fn send_unheard_all_now<const N: usize>(&self, cmds: [(&Cmd, Hear); N]) -> bool {
+        self.queue_unheard(cmds)
             .and_then(|queued| self.inner.sent_below(queued.end))
             .is_ok_and(|unsent_left| !unsent_left)
     }
@@ -494,6 +516,11 @@ impl Wire {
     /// connection opened, or an awaited script call succeeded on it.
     pub(crate) fn mark_scripts_loaded(&self) {
         self.inner.scripts_loaded.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the server deletes by value natively, as far as known.
+    pub(crate) fn native(&self) -> &native::Support {
+        &self.inner.native
     }
 
     /// One command, one reply.
