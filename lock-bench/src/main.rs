@@ -165,6 +165,13 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
         network: None,
     };
     let on_any_transport = |id: &WorkloadId| matches!(id, WorkloadId::W1 | WorkloadId::W2);
+    // W5 also holds its locks on a cluster, and the plain row's on its own
+    // server.
+    let on_transport = |id: &WorkloadId, transport: Transport| {
+        on_any_transport(id)
+            || (*id == WorkloadId::W5 && transport == Transport::Cluster)
+            || transport == Transport::Plain
+    };
     let skipped: Vec<&str> = options
         .only
         .iter()
@@ -179,10 +186,19 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             skipped.join(", ")
         );
     } else if !options.transports.contains(&Transport::Plain) {
-        eprintln!(
-            "lock-bench: {} run on plain TCP only, which --transport left out: skipped",
-            skipped.join(", ")
-        );
+        let left_out: Vec<&str> = options
+            .only
+            .iter()
+            .filter(|id| !options.transports.iter().any(|&t| on_transport(id, t)))
+            .map(|id| id.name())
+            .collect();
+        if !left_out.is_empty() {
+            eprintln!(
+                "lock-bench: {} run on plain TCP only (W5 on a cluster too), which --transport \
+                 left out: skipped",
+                left_out.join(", ")
+            );
+        }
     }
     let mut results = Vec::new();
     let mut networks = Vec::new();
@@ -213,7 +229,11 @@ async fn measure(options: &Options, servers: &Servers) -> BenchResult<Report> {
             networks.push(network.note.clone());
         }
         for id in options.only.iter().filter(|id| {
-            on_any_transport(id) || (transport == Transport::Plain && network.is_none())
+            if network.is_some() {
+                on_any_transport(id)
+            } else {
+                on_transport(id, transport)
+            }
         }) {
             results.push(run_workload(*id, &ctx).await?);
         }

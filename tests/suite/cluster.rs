@@ -653,3 +653,57 @@ async fn a_lost_listeners_mark_is_set_again() {
         .unwrap();
     guard.release().await.unwrap();
 }
+
+/// How many scripts every node of `cluster` has run (`INFO commandstats`).
+fn scripts_run(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let info: String = node.cmd(&["INFO", "commandstats"]);
+            info.lines()
+                .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        })
+        .sum()
+}
+
+/// Many locks held on a cluster are all renewed, over four ttls, and the
+/// leases of one slot share a script call: the heartbeat sends each
+/// primary pipelines of one renewal script per slot, not a call per lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_on_a_cluster_are_renewed_a_script_per_slot() {
+    const GROUPS: usize = 12;
+    const PER_GROUP: usize = 100;
+    let cluster = RedisCluster::start(3, 0);
+    let client = client_with(&cluster, settings()).await;
+    let ttl = Duration::from_secs(2);
+    // `g3}17` is stored as `cluster:lock:{g3}17}`: its slot is `g3`'s, so
+    // each group's locks share one.
+    let keys: Vec<String> = (0..GROUPS * PER_GROUP)
+        .map(|i| format!("g{}}}{}", i % GROUPS, i / GROUPS))
+        .collect();
+    let slots: std::collections::BTreeSet<u16> =
+        (0..GROUPS).map(|g| hash_slot(&format!("g{g}"))).collect();
+    assert_eq!(slots.len(), GROUPS, "the groups' slots differ");
+    let guards = futures::future::try_join_all(keys.iter().map(|key| client.lock(key, ttl)))
+        .await
+        .unwrap();
+    let before = scripts_run(&cluster);
+    tokio::time::sleep(ttl * 4).await;
+    let scripts = scripts_run(&cluster) - before;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    assert_eq!(lost, 0, "{lost} of {} locks lost", guards.len());
+    // Each lock is renewed at least three times a ttl, so twelve times in
+    // four: 14,400 renewals. A script per slot and round makes it about a
+    // hundred times fewer calls; a call per lease would be 14,400.
+    let renewals = (GROUPS * PER_GROUP * 12) as u64;
+    assert!(
+        scripts * 10 < renewals,
+        "{scripts} scripts for about {renewals} renewals"
+    );
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+}

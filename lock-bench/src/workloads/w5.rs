@@ -19,7 +19,8 @@
 //! `lost` stays near zero however many are asked.
 
 use super::{Context, progress};
-use crate::contenders::{Impl, LOCK_CORE_PREFIX, Locker};
+use crate::contenders::{Impl, LOCK_CORE_PREFIX, lock_core_client_to};
+use crate::endpoint::Endpoint;
 use crate::error::{BenchResult, fail};
 use crate::servers::{command_calls, connect, info};
 use crate::sysinfo::{cpu_time, rss_bytes};
@@ -50,10 +51,29 @@ struct Run {
     wait: Duration,
 }
 
-/// Runs W5 on its own server.
+/// Where W5 holds its locks: its own server, or (`--transport cluster`)
+/// the cluster's primaries, each of which its figures add up.
+struct Place {
+    endpoint: Endpoint,
+    admin_urls: Vec<String>,
+}
+
+/// Runs W5 on its own server, or on a cluster.
 pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
-    let Some(url) = ctx.hold_url.clone() else {
-        return Err(fail("W5 needs its server"));
+    let place = match &ctx.endpoint {
+        Endpoint::Cluster(urls) if ctx.transport == Transport::Cluster => Place {
+            endpoint: Endpoint::Cluster(urls.clone()),
+            admin_urls: urls.clone(),
+        },
+        _ => {
+            let Some(url) = ctx.hold_url.clone() else {
+                return Err(fail("W5 needs its server"));
+            };
+            Place {
+                endpoint: Endpoint::Plain(vec![url.clone()]),
+                admin_urls: vec![url],
+            }
+        }
     };
     let runs: Vec<Run> = if ctx.w5_capacity {
         // Past capacity a waiting acquisition would wait its whole wait:
@@ -76,7 +96,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
     let mut rows = Vec::with_capacity(runs.len());
     for run in &runs {
         progress(WorkloadId::W5, Impl::Guard);
-        rows.push(hold(ctx, &url, run).await?);
+        rows.push(hold(ctx, &place, run).await?);
     }
     let asked: Vec<String> = runs
         .iter()
@@ -84,7 +104,7 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
         .collect();
     Ok(WorkloadResult {
         id: WorkloadId::W5,
-        transport: Transport::Plain,
+        transport: ctx.transport,
         title: "hold many locks at once with renewal",
         params: format!(
             "{}, renewal on, held {:.1} s, taken {IN_FLIGHT} at a time, waiting {}; \
@@ -104,15 +124,11 @@ pub async fn run(ctx: &Context) -> BenchResult<WorkloadResult> {
 }
 
 /// Takes the locks, holds them, measures, releases them.
-async fn hold(ctx: &Context, url: &str, run: &Run) -> BenchResult<Row> {
-    let locker = Locker::connect(Impl::Guard, &[url.to_owned()]).await?;
-    let client = locker
-        .lock_core()
-        .ok_or_else(|| fail("W5 needs a lock-core client"))?
-        .clone();
-    let mut admin = connect(url).await?;
+async fn hold(ctx: &Context, place: &Place, run: &Run) -> BenchResult<Row> {
+    let client = lock_core_client_to(&place.endpoint).await?;
+    let mut admin = Admins::connect(&place.admin_urls).await?;
     // What an earlier run left (the keys of leases it lost) is not ours.
-    redis::cmd("FLUSHALL").query_async::<()>(&mut admin).await?;
+    admin.flush().await?;
     let options = LockOptions::new(run.ttl).wait(run.wait);
 
     // Warm up the client so the baseline includes its fixed costs.
@@ -134,8 +150,8 @@ async fn hold(ctx: &Context, url: &str, run: &Run) -> BenchResult<Row> {
     let capacity_taken = client.renewal_capacity();
     let rss_held = rss_bytes().ok_or_else(|| fail("cannot read VmRSS"))?;
 
-    let reads_before = reads_processed(&mut admin).await?;
-    let calls_before = command_calls(&mut admin).await?;
+    let reads_before = admin.reads_processed().await?;
+    let calls_before = admin.command_calls().await?;
     let cpu_start = cpu_time().ok_or_else(|| fail("cannot read /proc/self/stat"))?;
     let held_since = Instant::now();
     tokio::time::sleep(ctx.w5_seconds).await;
@@ -143,14 +159,12 @@ async fn hold(ctx: &Context, url: &str, run: &Run) -> BenchResult<Row> {
     let cpu = cpu_time()
         .ok_or_else(|| fail("cannot read /proc/self/stat"))?
         .saturating_sub(cpu_start);
-    let calls = calls_since(&calls_before, command_calls(&mut admin).await?);
-    let reads = reads_processed(&mut admin)
-        .await?
-        .saturating_sub(reads_before);
+    let calls = calls_since(&calls_before, admin.command_calls().await?);
+    let reads = admin.reads_processed().await?.saturating_sub(reads_before);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     let heartbeats = client.heartbeats_running();
     let capacity = client.renewal_capacity();
-    let stored: u64 = redis::cmd("DBSIZE").query_async(&mut admin).await?;
+    let stored = admin.keys().await?;
     let held = u64::try_from(guards.len()).unwrap_or(u64::MAX);
 
     let released: Vec<_> = futures::stream::iter(guards)
@@ -266,14 +280,57 @@ async fn take(client: &LockClient, options: &LockOptions, locks: usize) -> Taken
     taken
 }
 
-/// `total_reads_processed` of `INFO stats`: socket reads, about one per
-/// round trip of any client.
-async fn reads_processed(admin: &mut redis::aio::MultiplexedConnection) -> BenchResult<u64> {
-    let stats = info(admin, "stats").await?;
-    Ok(stats
-        .get("total_reads_processed")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0))
+/// The bench's own connections to where W5's locks live, one a server:
+/// each figure is the sum over them.
+struct Admins(Vec<redis::aio::MultiplexedConnection>);
+
+impl Admins {
+    async fn connect(urls: &[String]) -> BenchResult<Admins> {
+        let mut conns = Vec::with_capacity(urls.len());
+        for url in urls {
+            conns.push(connect(url).await?);
+        }
+        Ok(Admins(conns))
+    }
+
+    async fn flush(&mut self) -> BenchResult<()> {
+        for conn in &mut self.0 {
+            redis::cmd("FLUSHALL").query_async::<()>(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// `total_reads_processed` of `INFO stats`: socket reads, about one
+    /// per round trip of any client.
+    async fn reads_processed(&mut self) -> BenchResult<u64> {
+        let mut total = 0;
+        for conn in &mut self.0 {
+            let stats = info(conn, "stats").await?;
+            total += stats
+                .get("total_reads_processed")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        Ok(total)
+    }
+
+    async fn command_calls(&mut self) -> BenchResult<BTreeMap<String, u64>> {
+        let mut total = BTreeMap::new();
+        for conn in &mut self.0 {
+            for (command, n) in command_calls(conn).await? {
+                *total.entry(command).or_insert(0) += n;
+            }
+        }
+        Ok(total)
+    }
+
+    async fn keys(&mut self) -> BenchResult<u64> {
+        let mut total = 0;
+        for conn in &mut self.0 {
+            total += redis::cmd("DBSIZE").query_async::<u64>(conn).await?;
+        }
+        Ok(total)
+    }
 }
 
 /// How many more times each command ran in `after` than in `before`; the

@@ -120,7 +120,7 @@ struct Routes {
 }
 
 /// The [`Layout`] over this set's connections.
-struct SlotMap {
+pub(super) struct SlotMap {
     /// `(first slot, last slot, primary)`, sorted.
     ranges: Vec<(u16, u16, Arc<Node>)>,
     /// What it was made from: while that is the topology's layout and not
@@ -129,7 +129,7 @@ struct SlotMap {
 }
 
 impl SlotMap {
-    fn primary(&self, slot: u16) -> Option<&Arc<Node>> {
+    pub(super) fn primary(&self, slot: u16) -> Option<&Arc<Node>> {
         let at = self.ranges.partition_point(|(first, _, _)| *first <= slot);
         let (_, last, node) = self.ranges.get(at.checked_sub(1)?)?;
         (slot <= *last).then_some(node)
@@ -335,6 +335,12 @@ impl ClusterNode {
         primaries.sort_by(|a, b| a.addr().cmp(b.addr()));
         primaries.dedup_by(|a, b| Arc::ptr_eq(a, b));
         Ok(primaries)
+    }
+
+    /// The slot map known now, when it is fresh (see
+    /// [`settled_primary`](Self::settled_primary)).
+    pub(super) fn settled_map(&self) -> Option<Arc<SlotMap>> {
+        self.routes.current()
     }
 
     /// The primary serving `key`'s slot in the map known now, when that

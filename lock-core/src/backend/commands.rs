@@ -18,7 +18,7 @@ use std::time::Duration;
 /// How many batched renewal calls go out at once: enough to keep a fast
 /// server busy, few enough that calls which time out under load do not queue
 /// up ahead of the next round's.
-const RENEW_WINDOW: usize = 8;
+pub(super) const RENEW_WINDOW: usize = 8;
 
 /// The lock commands, for every kind of server connection: written once
 /// over [`Server::call`], for [`Node`](super::Node) (one server) and
@@ -746,7 +746,7 @@ fn several(answer: &[i64], n: usize, fenced: bool) -> Several {
 }
 
 /// Milliseconds for `PX`/`PEXPIRE`, never below 1 (0 would be an error).
-fn ttl_millis(ttl: Duration) -> u64 {
+pub(super) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 

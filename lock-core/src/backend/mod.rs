@@ -6,6 +6,8 @@
 mod calls;
 // A Redis Cluster: one connection routing each command to its slot.
 mod cluster;
+// A cluster's renewal rounds, pipelined per primary.
+mod cluster_rounds;
 // The lock commands, written once over `Server`.
 mod commands;
 // The connection a client's locks share, replaced when it breaks.
@@ -229,31 +231,25 @@ impl Backend {
     async fn renew_round<R: Renewable>(&self, due: &[R], limit: Duration) -> Vec<RenewOutcome> {
         match self {
             Backend::Single(node) => node.renew_many(due, limit).await.renewals(due),
-            // One script call per lease, all at once: a script with the
-            // keys of many locks would span hash slots (CROSSSLOT).
+            // Pipelined per primary, a script per slot; what that leaves
+            // (a slot that moved, no fresh map) one script call per lease,
+            // following the cluster's redirections.
             Backend::Cluster(node) => {
-                let calls = due
-                    .iter()
-                    .map(|d| node.renew(d.storage_key(), d.token(), d.ttl(), limit));
-                let mut failed = None;
-                let answers: Vec<RenewOutcome> = join_all(calls)
-                    .await
-                    .into_iter()
-                    .zip(due)
-                    .map(|(answer, d)| match answer {
-                        Ok(true) => RenewOutcome::Renewed,
-                        Ok(false) => RenewOutcome::NotOurs,
-                        Err(e) => {
-                            let answer = RenewOutcome::failed(&e);
-                            failed.get_or_insert((d, e, 0)).2 += 1;
-                            answer
-                        }
-                    })
-                    .collect();
-                if let Some((first, e, count)) = failed {
-                    observe::renewal_failed(first.name(), count, &e);
+                let started = tokio::time::Instant::now();
+                let mut answers = cluster_rounds::renew_by_primary(node, due, limit).await;
+                let apart: Vec<usize> = (0..due.len()).filter(|&i| answers[i].is_none()).collect();
+                if !apart.is_empty() {
+                    let left = limit.saturating_sub(started.elapsed());
+                    let each: Vec<&R> = apart.iter().map(|&i| &due[i]).collect();
+                    let renewed = renew_one_by_one(node, &each, left).await;
+                    for (i, answer) in apart.into_iter().zip(renewed) {
+                        answers[i] = Some(answer);
+                    }
                 }
                 answers
+                    .into_iter()
+                    .map(|a| a.unwrap_or(RenewOutcome::Failed))
+                    .collect()
             }
             Backend::Redlock(quorum) => quorum.renew_many(due, limit).await,
             Backend::Memory(store) => store.renew_many(due),
@@ -794,4 +790,35 @@ where
         .into_arrival_order()
         .find_map(Result::err)
         .map_or(Ok(()), Err)
+}
+
+/// Renews each of `due` with a script call of its own, all at once,
+/// through the cluster's routing.
+async fn renew_one_by_one<R: Renewable>(
+    node: &ClusterNode,
+    due: &[R],
+    limit: Duration,
+) -> Vec<RenewOutcome> {
+    let calls = due
+        .iter()
+        .map(|d| node.renew(d.storage_key(), d.token(), d.ttl(), limit));
+    let mut failed = None;
+    let answers: Vec<RenewOutcome> = join_all(calls)
+        .await
+        .into_iter()
+        .zip(due)
+        .map(|(answer, d)| match answer {
+            Ok(true) => RenewOutcome::Renewed,
+            Ok(false) => RenewOutcome::NotOurs,
+            Err(e) => {
+                let answer = RenewOutcome::failed(&e);
+                failed.get_or_insert((d, e, 0)).2 += 1;
+                answer
+            }
+        })
+        .collect();
+    if let Some((first, e, count)) = failed {
+        observe::renewal_failed(first.name(), count, &e);
+    }
+    answers
 }
