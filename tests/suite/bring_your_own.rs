@@ -1,6 +1,6 @@
 //! A client over a connection the service already has
 //! (`LockClientBuilder::connection`, docs/connection.md), of each kind the
-//! `redis` crate offers ([`Given`]): every lock kind, renewal, fencing, a
+//! `redis` crate offers, or a pool (`LockClientBuilder::pool`) ([`Given`]): every lock kind, renewal, fencing, a
 //! waiter, the operators' calls, the bound on a call when the server stops
 //! answering, and what each kind does when its server restarts.
 
@@ -200,12 +200,13 @@ async fn cycle(client: &LockClient, key: &str) -> Result<(), lock_core::LockErro
 }
 
 /// The server is stopped and started again on its port. While it is down,
-/// each call over either kind fails `Unavailable` within the operation
-/// timeout. Once it is back, a `ConnectionManager` reconnects by itself
-/// and calls work again; a `MultiplexedConnection` stays broken, each call
-/// failing `Unavailable`, until the service replaces the client.
+/// each call over every kind fails `Unavailable` within the operation
+/// timeout. Once it is back, a `ConnectionManager` reconnects by itself,
+/// and the pools replace their broken connections, so calls work again; a
+/// `MultiplexedConnection` stays broken, each call failing `Unavailable`,
+/// until the service replaces the client.
 #[tokio::test]
-async fn a_given_connection_manager_recovers_after_its_server_restarts() {
+async fn a_given_connection_manager_or_pool_recovers_after_its_server_restarts() {
     for given in Given::ALL {
         through_a_restart(given).await;
     }
@@ -232,35 +233,36 @@ async fn through_a_restart(given: Given) {
     println!("{on}: the calls with the server down failed after {down:?}");
     server.restart();
     let back = Instant::now();
-    match given {
-        Given::Manager => {
-            eventually_async(
-                Duration::from_secs(10),
-                "a lock after the restart",
-                || async { cycle(&client, "after").await.is_ok() },
-            )
-            .await;
-            println!(
-                "{on}: calls work again {:?} after the restart",
-                back.elapsed()
-            );
-            for i in 0..5 {
-                let key = format!("again:{i}");
-                cycle(&client, &key)
+    if given.reconnects() {
+        let round = std::cell::Cell::new(0);
+        // Five in a row: on a loaded machine, one of the first calls after
+        // the restart over a pool has been seen to time out.
+        eventually_async(Duration::from_secs(10), on, || async {
+            for _ in 0..5 {
+                round.set(round.get() + 1);
+                if cycle(&client, &format!("again:{}", round.get()))
                     .await
-                    .unwrap_or_else(|e| panic!("{on}: {e}"));
+                    .is_err()
+                {
+                    return false;
+                }
             }
+            true
+        })
+        .await;
+        println!(
+            "{on}: calls work again {:?} after the restart",
+            back.elapsed()
+        );
+    } else {
+        let mut calls = 0;
+        while back.elapsed() < Duration::from_secs(1) {
+            let err = cycle(&client, &format!("broken:{calls}"))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unavailable, "{on}: {err}");
+            calls += 1;
         }
-        Given::Multiplexed => {
-            let mut calls = 0;
-            while back.elapsed() < Duration::from_secs(1) {
-                let err = cycle(&client, &format!("broken:{calls}"))
-                    .await
-                    .unwrap_err();
-                assert_eq!(err.kind(), ErrorKind::Unavailable, "{on}: {err}");
-                calls += 1;
-            }
-            assert!(calls > 0, "{on}: no call made after the restart");
-        }
+        assert!(calls > 0, "{on}: no call made after the restart");
     }
 }

@@ -173,46 +173,87 @@ pub async fn build(builder: LockClientBuilder, store: &(impl Store + ?Sized)) ->
 }
 
 /// A connection the service already has, of a kind the `redis` crate
-/// offers, given to the builder (`LockClientBuilder::connection`,
-/// docs/connection.md).
+/// offers or a pool, given to the builder (`LockClientBuilder::connection`,
+/// `LockClientBuilder::pool`, docs/connection.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Given {
     /// `MultiplexedConnection`: broken for good when its socket is.
     Multiplexed,
     /// `ConnectionManager`: reconnects by itself.
     Manager,
+    /// A `deadpool_redis::Pool`.
+    Deadpool,
+    /// A `bb8::Pool` of `bb8_redis`'s connections.
+    Bb8,
 }
 
 impl Given {
     /// Every kind the tests give.
-    pub const ALL: [Given; 2] = [Given::Multiplexed, Given::Manager];
+    pub const ALL: [Given; 4] = [
+        Given::Multiplexed,
+        Given::Manager,
+        Given::Deadpool,
+        Given::Bb8,
+    ];
 
     /// What the kind is, in a test's messages.
     pub fn name(self) -> &'static str {
         match self {
             Given::Multiplexed => "a given MultiplexedConnection",
             Given::Manager => "a given ConnectionManager",
+            Given::Deadpool => "a given deadpool-redis pool",
+            Given::Bb8 => "a given bb8-redis pool",
         }
     }
 
-    /// `builder` over a new connection of this kind to `server`, opened on
-    /// the current runtime (whose tasks drive it).
+    /// The connections the `redis` crate offers: driven by a task of the
+    /// runtime that opened them.
+    pub const CONNECTIONS: [Given; 2] = [Given::Multiplexed, Given::Manager];
+
+    /// The pools: each call checks a connection out, and the pool opens
+    /// new ones where it is called.
+    pub const POOLS: [Given; 2] = [Given::Deadpool, Given::Bb8];
+
+    /// Whether calls work again by themselves after the connection broke
+    /// (its server restarted).
+    pub fn reconnects(self) -> bool {
+        self != Given::Multiplexed
+    }
+
+    /// `builder` over a new connection (or pool) of this kind to `server`,
+    /// opened on the current runtime (whose tasks drive it).
     pub async fn point(
         self,
         server: &RedisServer,
         builder: LockClientBuilder,
     ) -> LockClientBuilder {
+        let fail =
+            |e: &dyn std::fmt::Display| -> ! { panic!("{}: {e}\n{}", self.name(), server.log()) };
         let redis = redis::Client::open(server.url()).unwrap();
-        let opened = match self {
-            Given::Multiplexed => redis
-                .get_multiplexed_async_connection()
-                .await
-                .map(|conn| builder.connection(conn)),
-            Given::Manager => redis::aio::ConnectionManager::new(redis)
-                .await
-                .map(|conn| builder.connection(conn)),
-        };
-        opened.unwrap_or_else(|e| panic!("{}: {e}\n{}", self.name(), server.log()))
+        match self {
+            Given::Multiplexed => match redis.get_multiplexed_async_connection().await {
+                Ok(conn) => builder.connection(conn),
+                Err(e) => fail(&e),
+            },
+            Given::Manager => match redis::aio::ConnectionManager::new(redis).await {
+                Ok(conn) => builder.connection(conn),
+                Err(e) => fail(&e),
+            },
+            Given::Deadpool => {
+                let config = deadpool_redis::Config::from_url(server.url());
+                match config.create_pool(Some(deadpool_redis::Runtime::Tokio1)) {
+                    Ok(pool) => builder.pool(pool),
+                    Err(e) => fail(&e),
+                }
+            }
+            Given::Bb8 => match bb8_redis::RedisConnectionManager::new(server.url()) {
+                Ok(manager) => match bb8_redis::bb8::Pool::builder().build(manager).await {
+                    Ok(pool) => builder.pool(pool),
+                    Err(e) => fail(&e),
+                },
+                Err(e) => fail(&e),
+            },
+        }
     }
 }
 
@@ -289,7 +330,12 @@ impl Backend {
 
     /// A server for each kind of connection a service may give.
     pub fn every_given() -> Vec<Backend> {
-        Given::ALL.into_iter().map(Backend::given).collect()
+        Backend::given_each(&Given::ALL)
+    }
+
+    /// A server for each of `kinds`.
+    pub fn given_each(kinds: &[Given]) -> Vec<Backend> {
+        kinds.iter().copied().map(Backend::given).collect()
     }
 
     /// The backends every transport and deployment the README names runs
