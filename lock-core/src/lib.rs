@@ -164,6 +164,12 @@ pub mod __private {
 mod private;
 
 pub use backend::MemoryStore;
+#[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "deadpool-redis", feature = "bb8-redis")))
+)]
+pub use backend::RedisPool;
 pub use backoff::Backoff;
 pub use client::{Leadership, LockClient, LockClientBuilder};
 pub use client::{LockCursor, LockKind, LockPage, LockState, LockWaiter};

@@ -1,14 +1,17 @@
 //! A client over a connection the service already has
-//! (`LockClientBuilder::connection`, docs/connection.md): every lock kind,
-//! renewal, fencing, a waiter, the operators' calls, and the bound on a
-//! call when the server stops answering.
+//! (`LockClientBuilder::connection`, docs/connection.md), of each kind the
+//! `redis` crate offers, or a pool (`LockClientBuilder::pool`) ([`Given`]): every lock kind, renewal, fencing, a
+//! waiter, the operators' calls, the bound on a call when the server stops
+//! answering, and what each kind does when its server restarts.
 
-use crate::support::storage_key;
+use crate::support::{Given, eventually_async, storage_key};
 use lock_core::{ErrorKind, LockClient, LockOptions};
 use lock_testkit::RedisServer;
 use std::time::{Duration, Instant};
 
 const PREFIX: &str = "byo:";
+/// The bound on each call of this file's clients.
+const OPERATION_TIMEOUT: Duration = Duration::from_millis(500);
 
 async fn multiplexed(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(server.url())
@@ -18,17 +21,17 @@ async fn multiplexed(server: &RedisServer) -> redis::aio::MultiplexedConnection 
         .unwrap()
 }
 
-async fn client_over<C>(conn: C) -> LockClient
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    LockClient::builder()
-        .connection(conn)
+/// A client over a new connection of kind `given` to `server`.
+async fn client_over(given: Given, server: &RedisServer) -> LockClient {
+    let builder = LockClient::builder()
         .key_prefix(PREFIX)
-        .operation_timeout(Duration::from_millis(500))
+        .operation_timeout(OPERATION_TIMEOUT);
+    given
+        .point(server, builder)
+        .await
         .build()
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{}: {e}", given.name()))
 }
 
 fn held(server: &RedisServer, key: &str) -> bool {
@@ -40,9 +43,15 @@ fn held(server: &RedisServer, key: &str) -> bool {
 /// the kind says so, and released.
 #[tokio::test]
 async fn every_lock_kind_works_over_a_given_connection() {
+    for given in Given::ALL {
+        every_lock_kind(given).await;
+    }
+}
+
+async fn every_lock_kind(given: Given) {
     let server = RedisServer::start();
-    let client = client_over(multiplexed(&server).await).await;
-    let other = client_over(multiplexed(&server).await).await;
+    let client = client_over(given, &server).await;
+    let other = client_over(given, &server).await;
     let ttl = Duration::from_secs(5);
     let now = |options: LockOptions| options.wait(Duration::ZERO);
 
@@ -91,9 +100,15 @@ async fn every_lock_kind_works_over_a_given_connection() {
 /// its backoff timer: a connection that carries calls cannot subscribe).
 #[tokio::test]
 async fn renewal_waiters_and_operators_work_over_a_given_connection() {
+    for given in Given::ALL {
+        renewal_waiters_and_operators(given).await;
+    }
+}
+
+async fn renewal_waiters_and_operators(given: Given) {
     let server = RedisServer::start();
-    let client = client_over(multiplexed(&server).await).await;
-    let waiter = client_over(multiplexed(&server).await).await;
+    let client = client_over(given, &server).await;
+    let waiter = client_over(given, &server).await;
     let ttl = Duration::from_millis(600);
     let guard = client.lock("renewed", ttl).await.unwrap();
     let waiting = tokio::spawn(async move {
@@ -104,7 +119,12 @@ async fn renewal_waiters_and_operators_work_over_a_given_connection() {
         at
     });
     tokio::time::sleep(ttl * 3).await;
-    assert!(!guard.is_lost(), "{:?}", guard.loss_reason());
+    assert!(
+        !guard.is_lost(),
+        "{}: {:?}",
+        given.name(),
+        guard.loss_reason()
+    );
     assert!(held(&server, "renewed"));
     let state = client.inspect("renewed").await.unwrap().expect("held");
     assert!(state.holder().is_some());
@@ -116,7 +136,8 @@ async fn renewal_waiters_and_operators_work_over_a_given_connection() {
     // The default backoff tops out at 200 ms.
     assert!(
         got.saturating_duration_since(released) < Duration::from_secs(1),
-        "the waiter got the key {:?} after its release",
+        "{}: the waiter got the key {:?} after its release",
+        given.name(),
         got - released
     );
 }
@@ -125,8 +146,14 @@ async fn renewal_waiters_and_operators_work_over_a_given_connection() {
 /// still ends within the operation timeout.
 #[tokio::test]
 async fn a_call_over_a_given_connection_ends_within_its_timeout_when_the_server_freezes() {
+    for given in Given::ALL {
+        a_call_ends_within_its_timeout_when_the_server_freezes(given).await;
+    }
+}
+
+async fn a_call_ends_within_its_timeout_when_the_server_freezes(given: Given) {
     let server = RedisServer::start();
-    let client = client_over(multiplexed(&server).await).await;
+    let client = client_over(given, &server).await;
     assert!(client.lock("before", Duration::from_secs(5)).await.is_ok());
     let frozen = server.pause();
     let started = Instant::now();
@@ -139,7 +166,11 @@ async fn a_call_over_a_given_connection_ends_within_its_timeout_when_the_server_
     let took = started.elapsed();
     drop(frozen);
     assert_eq!(attempt.unwrap_err().kind(), ErrorKind::Unavailable);
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "{}: took {took:?}",
+        given.name()
+    );
 }
 
 /// Building on a connection together with a URL is refused, and says why.
@@ -156,4 +187,82 @@ async fn a_connection_and_a_url_together_are_a_config_error() {
     };
     assert_eq!(error.kind(), ErrorKind::Config);
     assert!(error.to_string().contains("connection"), "{error}");
+}
+
+/// How much later than [`OPERATION_TIMEOUT`] a failed call may end on a
+/// loaded 2-core machine.
+const MARGIN: Duration = Duration::from_millis(500);
+
+/// A lock taken at once and released, over `client`.
+async fn cycle(client: &LockClient, key: &str) -> Result<(), lock_core::LockError> {
+    let now = LockOptions::new(Duration::from_secs(5)).wait(Duration::ZERO);
+    client.lock_with(key, now).await?.release().await.map(drop)
+}
+
+/// The server is stopped and started again on its port. While it is down,
+/// each call over every kind fails `Unavailable` within the operation
+/// timeout. Once it is back, a `ConnectionManager` reconnects by itself,
+/// and the pools replace their broken connections, so calls work again; a
+/// `MultiplexedConnection` stays broken, each call failing `Unavailable`,
+/// until the service replaces the client.
+#[tokio::test]
+async fn a_given_connection_manager_or_pool_recovers_after_its_server_restarts() {
+    for given in Given::ALL {
+        through_a_restart(given).await;
+    }
+}
+
+async fn through_a_restart(given: Given) {
+    let on = given.name();
+    let mut server = RedisServer::start();
+    let client = client_over(given, &server).await;
+    cycle(&client, "before").await.unwrap();
+    server.stop();
+    let mut down = Vec::new();
+    for i in 0..5 {
+        let started = Instant::now();
+        let err = cycle(&client, &format!("down:{i}")).await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{on}, call {i}: {err}");
+        assert!(
+            took < OPERATION_TIMEOUT + MARGIN,
+            "{on}, call {i} with the server down took {took:?}: {err}"
+        );
+        down.push(took);
+    }
+    println!("{on}: the calls with the server down failed after {down:?}");
+    server.restart();
+    let back = Instant::now();
+    if given.reconnects() {
+        let round = std::cell::Cell::new(0);
+        // Five in a row: on a loaded machine, one of the first calls after
+        // the restart over a pool has been seen to time out.
+        eventually_async(Duration::from_secs(10), on, || async {
+            for _ in 0..5 {
+                round.set(round.get() + 1);
+                if cycle(&client, &format!("again:{}", round.get()))
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        println!(
+            "{on}: calls work again {:?} after the restart",
+            back.elapsed()
+        );
+    } else {
+        let mut calls = 0;
+        while back.elapsed() < Duration::from_secs(1) {
+            let err = cycle(&client, &format!("broken:{calls}"))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unavailable, "{on}: {err}");
+            calls += 1;
+        }
+        assert!(calls > 0, "{on}: no call made after the restart");
+    }
 }

@@ -540,6 +540,17 @@ async fn operations_dropped_at_any_poll_leave_nothing_behind_on_a_cluster() {
     every_case(&Fixture::on(Backend::cluster()).await, "cluster").await;
 }
 
+/// Over a connection the service gave, of each kind: each client (the one
+/// whose operations are cancelled, the same without hand-offs, another
+/// process) over a connection of its own.
+#[tokio::test]
+async fn operations_dropped_at_any_poll_leave_nothing_behind_over_a_given_connection() {
+    for backend in Backend::every_given() {
+        let on = backend.name();
+        every_case(&Fixture::on(backend).await, on).await;
+    }
+}
+
 /// The kept variant: every case, at every number of polls, kept unpolled
 /// for [`KEPT_FOR`] before it is dropped, which adds up to about a minute a
 /// backend. A long run: `scripts/test --quick` leaves it out.
@@ -571,5 +582,13 @@ mod long {
     #[tokio::test]
     async fn operations_kept_unpolled_hold_nothing_up_on_a_cluster() {
         every_case(&Fixture::kept(Backend::cluster()).await, "cluster, kept").await;
+    }
+
+    #[tokio::test]
+    async fn operations_kept_unpolled_hold_nothing_up_over_a_given_connection() {
+        for backend in Backend::every_given() {
+            let on = format!("{}, kept", backend.name());
+            every_case(&Fixture::kept(backend).await, &on).await;
+        }
     }
 }

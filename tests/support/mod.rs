@@ -98,6 +98,12 @@ pub trait Store {
     /// `builder`, pointed at this store.
     fn point(&self, builder: LockClientBuilder) -> LockClientBuilder;
 
+    /// [`point`](Self::point), opening first whatever connection the
+    /// builder is to be given: on the current runtime, which drives it.
+    async fn connect(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        self.point(builder)
+    }
+
     /// The servers' logs, for the message of a failed test.
     fn logs(&self) -> String;
 }
@@ -154,7 +160,7 @@ pub async fn client_for(store: &(impl Store + ?Sized), prefix: &str) -> LockClie
 /// `builder` (the test's key prefix, timeouts and so on) pointed at `store`
 /// and built.
 pub async fn client_with(store: &(impl Store + ?Sized), builder: LockClientBuilder) -> LockClient {
-    build(store.point(builder), store).await
+    build(store.connect(builder).await, store).await
 }
 
 /// Builds `builder`, already pointed where it should go (a proxy in front
@@ -164,6 +170,91 @@ pub async fn build(builder: LockClientBuilder, store: &(impl Store + ?Sized)) ->
         .build()
         .await
         .unwrap_or_else(|e| panic!("building a client failed: {e}\n{}", store.logs()))
+}
+
+/// A connection the service already has, of a kind the `redis` crate
+/// offers or a pool, given to the builder (`LockClientBuilder::connection`,
+/// `LockClientBuilder::pool`, docs/connection.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Given {
+    /// `MultiplexedConnection`: broken for good when its socket is.
+    Multiplexed,
+    /// `ConnectionManager`: reconnects by itself.
+    Manager,
+    /// A `deadpool_redis::Pool`.
+    Deadpool,
+    /// A `bb8::Pool` of `bb8_redis`'s connections.
+    Bb8,
+}
+
+impl Given {
+    /// Every kind the tests give.
+    pub const ALL: [Given; 4] = [
+        Given::Multiplexed,
+        Given::Manager,
+        Given::Deadpool,
+        Given::Bb8,
+    ];
+
+    /// What the kind is, in a test's messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Given::Multiplexed => "a given MultiplexedConnection",
+            Given::Manager => "a given ConnectionManager",
+            Given::Deadpool => "a given deadpool-redis pool",
+            Given::Bb8 => "a given bb8-redis pool",
+        }
+    }
+
+    /// The connections the `redis` crate offers: driven by a task of the
+    /// runtime that opened them.
+    pub const CONNECTIONS: [Given; 2] = [Given::Multiplexed, Given::Manager];
+
+    /// The pools: each call checks a connection out, and the pool opens
+    /// new ones where it is called.
+    pub const POOLS: [Given; 2] = [Given::Deadpool, Given::Bb8];
+
+    /// Whether calls work again by themselves after the connection broke
+    /// (its server restarted).
+    pub fn reconnects(self) -> bool {
+        self != Given::Multiplexed
+    }
+
+    /// `builder` over a new connection (or pool) of this kind to `server`,
+    /// opened on the current runtime (whose tasks drive it).
+    pub async fn point(
+        self,
+        server: &RedisServer,
+        builder: LockClientBuilder,
+    ) -> LockClientBuilder {
+        let fail =
+            |e: &dyn std::fmt::Display| -> ! { panic!("{}: {e}\n{}", self.name(), server.log()) };
+        let redis = redis::Client::open(server.url()).unwrap();
+        match self {
+            Given::Multiplexed => match redis.get_multiplexed_async_connection().await {
+                Ok(conn) => builder.connection(conn),
+                Err(e) => fail(&e),
+            },
+            Given::Manager => match redis::aio::ConnectionManager::new(redis).await {
+                Ok(conn) => builder.connection(conn),
+                Err(e) => fail(&e),
+            },
+            Given::Deadpool => {
+                let config = deadpool_redis::Config::from_url(server.url());
+                match config.create_pool(Some(deadpool_redis::Runtime::Tokio1)) {
+                    Ok(pool) => builder.pool(pool),
+                    Err(e) => fail(&e),
+                }
+            }
+            Given::Bb8 => match bb8_redis::RedisConnectionManager::new(server.url()) {
+                Ok(manager) => match bb8_redis::bb8::Pool::builder().build(manager).await {
+                    Ok(pool) => builder.pool(pool),
+                    Err(e) => fail(&e),
+                },
+                Err(e) => fail(&e),
+            },
+        }
+    }
 }
 
 /// A backend lock-core runs on, with the servers behind it: the cases that
@@ -182,6 +273,9 @@ pub enum Backend {
     Tls(RedisServer, TestCertificates),
     /// One `redis-server` found through a Sentinel that monitors it.
     Sentinel(RedisServer, SentinelServer),
+    /// One `redis-server`, reached over a connection of the test's own
+    /// given to the builder: each client a connection of its own.
+    Given(RedisServer, Given),
 }
 
 /// The service name of [`Backend::Sentinel`]'s primary.
@@ -229,6 +323,21 @@ impl Backend {
         Backend::Sentinel(primary, sentinel)
     }
 
+    /// A server, reached over connections of kind `given`.
+    pub fn given(given: Given) -> Backend {
+        Backend::Given(RedisServer::start(), given)
+    }
+
+    /// A server for each kind of connection a service may give.
+    pub fn every_given() -> Vec<Backend> {
+        Backend::given_each(&Given::ALL)
+    }
+
+    /// A server for each of `kinds`.
+    pub fn given_each(kinds: &[Given]) -> Vec<Backend> {
+        kinds.iter().copied().map(Backend::given).collect()
+    }
+
     /// The backends every transport and deployment the README names runs
     /// on: one server over plain TCP and over TLS (where the binary has
     /// it), a cluster, Redlock, and a server found through a Sentinel.
@@ -250,6 +359,7 @@ impl Backend {
             Backend::Redlock(_) => "redlock",
             Backend::Tls(..) => "one server over TLS",
             Backend::Sentinel(..) => "sentinel",
+            Backend::Given(_, given) => given.name(),
         }
     }
 
@@ -258,9 +368,10 @@ impl Backend {
     pub fn holds(&self, storage_key: &str) -> bool {
         match self {
             Backend::Memory(store) => store.held() > 0,
-            Backend::Server(server) | Backend::Tls(server, _) | Backend::Sentinel(server, _) => {
-                server.cmd(&["EXISTS", storage_key])
-            }
+            Backend::Server(server)
+            | Backend::Tls(server, _)
+            | Backend::Sentinel(server, _)
+            | Backend::Given(server, _) => server.cmd(&["EXISTS", storage_key]),
             Backend::Cluster(cluster) => {
                 let primary = cluster
                     .primary_of_key(storage_key)
@@ -282,9 +393,10 @@ impl Backend {
         };
         match self {
             Backend::Memory(_) => return false,
-            Backend::Server(server) | Backend::Tls(server, _) | Backend::Sentinel(server, _) => {
-                del(server)
-            }
+            Backend::Server(server)
+            | Backend::Tls(server, _)
+            | Backend::Sentinel(server, _)
+            | Backend::Given(server, _) => del(server),
             Backend::Cluster(cluster) => {
                 let primary = cluster
                     .primary_of_key(storage_key)
@@ -303,9 +415,10 @@ impl Backend {
         let empty = |server: &RedisServer| server.cmd::<i64>(&["DBSIZE"]) == 0;
         match self {
             Backend::Memory(store) => store.held() == 0,
-            Backend::Server(server) | Backend::Tls(server, _) | Backend::Sentinel(server, _) => {
-                empty(server)
-            }
+            Backend::Server(server)
+            | Backend::Tls(server, _)
+            | Backend::Sentinel(server, _)
+            | Backend::Given(server, _) => empty(server),
             Backend::Cluster(cluster) => cluster.nodes().iter().all(empty),
             Backend::Redlock(servers) => servers.iter().all(empty),
         }
@@ -323,6 +436,17 @@ impl Store for Backend {
                 .url(server.tls_url())
                 .tls_root_certificate(certs.ca_pem()),
             Backend::Sentinel(_, sentinel) => builder.sentinel([sentinel.url()], SENTINEL_SERVICE),
+            Backend::Given(_, given) => panic!(
+                "{}: opened on a runtime; build the client with client_with",
+                given.name()
+            ),
+        }
+    }
+
+    async fn connect(&self, builder: LockClientBuilder) -> LockClientBuilder {
+        match self {
+            Backend::Given(server, given) => given.point(server, builder).await,
+            _ => self.point(builder),
         }
     }
 
@@ -332,7 +456,7 @@ impl Store for Backend {
             Backend::Server(server) => server.logs(),
             Backend::Cluster(cluster) => cluster.logs(),
             Backend::Redlock(servers) => servers.logs(),
-            Backend::Tls(server, _) => server.logs(),
+            Backend::Tls(server, _) | Backend::Given(server, _) => server.logs(),
             Backend::Sentinel(server, sentinel) => {
                 format!("{}\n--- sentinel ---\n{}", server.logs(), sentinel.log())
             }

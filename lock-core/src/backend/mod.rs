@@ -43,6 +43,10 @@ pub(crate) use server::Server;
 
 pub(crate) use cluster::ClusterNode;
 pub use memory::MemoryStore;
+#[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+pub use node::RedisPool;
+#[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+pub(crate) use node::pool_connection;
 pub(crate) use node::{MinReplicas, Node, UserConnection, redact};
 pub(crate) use operators::{Forced, OperatorKeys, RawState, ScanAt, glob_escape};
 pub(crate) use quorum::Quorum;

@@ -21,7 +21,14 @@ use std::time::Duration;
 mod sentinel;
 // A connection the service gives the builder.
 mod user;
+// A pool the service gives the builder, behind the same seam.
+#[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+mod pool;
 
+#[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+pub use pool::RedisPool;
+#[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+pub(crate) use pool::connection_of as pool_connection;
 use sentinel::SentinelTarget;
 pub(crate) use user::UserConnection;
 

@@ -246,6 +246,36 @@ impl LockClientBuilder {
         self.choose(Deployment::Connection(UserConnection::new(conn)))
     }
 
+    /// A pool of connections to one Redis server that the service already
+    /// has: a `deadpool_redis::Pool` (feature `deadpool-redis`) or a
+    /// `bb8::Pool<bb8_redis::RedisConnectionManager>` (feature
+    /// `bb8-redis`). As with [`connection`](Self::connection), and with
+    /// what it cannot do: each command, the heartbeat's renewals too,
+    /// checks a connection out of the pool for itself and gives it back
+    /// once answered, so the pool's size and its wait for a free connection
+    /// apply to lock-core's calls as to the service's; the
+    /// [`operation_timeout`](Self::operation_timeout) bounds each call,
+    /// the wait included.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "deadpool-redis")]
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
+    ///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let client = lock_core::LockClient::builder().pool(pool).build().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(any(feature = "deadpool-redis", feature = "bb8-redis"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "deadpool-redis", feature = "bb8-redis")))
+    )]
+    pub fn pool(self, pool: impl crate::RedisPool) -> Self {
+        self.choose(Deployment::Connection(crate::backend::pool_connection(
+            pool,
+        )))
+    }
+
     /// A Redis Cluster, reached first through `urls`
     /// (`redis://[user:password@]host:port`; one node is enough, more help
     /// when some are down; the rest of the cluster is discovered).
