@@ -88,7 +88,8 @@
 
 // From the bottom layer up: a module uses only those above it in this list.
 // (Blank lines keep rustfmt from sorting the layers into one alphabet.)
-// lock-core's own runtime, for the work no task of the user's may hold up.
+// lock-core's own runtime, for the work no task of the user's may hold up,
+// and the `Spawner` that puts a client's work on the user's runtime instead.
 mod background;
 // Jittered exponential backoff between attempts.
 mod backoff;
@@ -115,7 +116,8 @@ mod release;
 
 // Admission control: no new lease past what the heartbeat can renew.
 mod admission;
-// The heartbeat: renews every held lease, on a thread of its own.
+// The heartbeat: renews every held lease, on a thread of its own (or the
+// runtime the user gave).
 mod heartbeat;
 // This process's wait queue per key, and hand-offs between its tasks.
 mod queue;
