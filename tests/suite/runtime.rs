@@ -1,0 +1,366 @@
+//! A runtime given to the builder (`LockClientBuilder::runtime`): the
+//! client's background work runs there as tasks, not on threads of
+//! lock-core's; a blocked worker of it holds up no renewal while another is
+//! free, every blocked worker loses the lock at its deadline; and when it
+//! shuts down, the locks it renewed are lost at once, the releases it
+//! dropped still happen, and nothing hangs. docs/runtime.md says the same.
+
+use crate::support::{client_with, eventually, eventually_async, storage_key};
+use lock_core::{LockClient, LockClientBuilder, LockOptions, LossReason};
+use lock_testkit::RedisServer;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::runtime::Runtime;
+use tokio::time::Instant;
+
+const PREFIX: &str = "rt:";
+/// The ttl of a lock that must be renewed: every third of it.
+const TTL: Duration = Duration::from_secs(1);
+/// Set in the process [`alone`] starts.
+const ALONE: &str = "LOCK_SUITE_RUNTIME_ALONE";
+/// The heartbeat thread's name as `/proc` shows it: `lock-core-heartbeat`
+/// cut to the 15 bytes Linux keeps.
+const HEARTBEAT_THREAD: &str = "lock-core-heart";
+/// The threads of lock-core's process-wide runtime (`background.rs`):
+/// one that owns it, two workers.
+const PROCESS_WIDE: [&str; 2] = ["lock-core", "lock-core-io"];
+
+fn user_runtime(workers: usize, name: &str) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn builder() -> LockClientBuilder {
+    LockClient::builder().key_prefix(PREFIX)
+}
+
+/// The names of this process's threads, from `/proc/self/task/*/comm`.
+fn thread_names() -> Vec<String> {
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_owned())
+        .collect()
+}
+
+fn heartbeat_threads() -> usize {
+    thread_names()
+        .iter()
+        .filter(|name| name.as_str() == HEARTBEAT_THREAD)
+        .count()
+}
+
+/// Runs the test `name` of this binary in a process of its own, alone, so
+/// that the threads it reads are its own and no other test's; fails unless
+/// it ran there and passed, within a minute.
+fn alone(name: &str) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ALONE, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name}, alone, did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name}, alone: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+/// With a runtime given, a lock with a 1 s ttl is renewed for 3.5 s by a
+/// task of that runtime: its alive tasks rise while the lock is held and
+/// fall after the release (the heartbeat ends when idle), and lock-core
+/// starts no thread for the client meanwhile (no `lock-core-heartbeat`;
+/// the process-wide runtime's three at most). The same hold without the
+/// option starts one: what is looked for is there to be found. In a process
+/// of its own: other tests' clients start heartbeat threads too.
+#[test]
+fn a_client_on_a_given_runtime_renews_there_and_starts_no_thread() {
+    if std::env::var_os(ALONE).is_none() {
+        return alone("runtime::a_client_on_a_given_runtime_renews_there_and_starts_no_thread");
+    }
+    let server = RedisServer::start();
+    let user = user_runtime(2, "user-worker");
+    let test = user_runtime(1, "test-worker");
+    test.block_on(async {
+        let idle_tasks = user.metrics().num_alive_tasks();
+        let client = client_with(&server, builder().runtime(user.handle().clone())).await;
+        let held = client.lock("renewed", TTL).await.unwrap();
+        let started = Instant::now();
+        let mut peak = 0;
+        while started.elapsed() < TTL * 7 / 2 {
+            peak = peak.max(user.metrics().num_alive_tasks());
+            // Only the process's own: the runtime that watches for kept
+            // acquisitions (`kept.rs`), whichever client made them.
+            let threads = lock_core_threads();
+            assert!(
+                threads.len() <= 3
+                    && threads
+                        .iter()
+                        .all(|name| PROCESS_WIDE.contains(&name.as_str())),
+                "lock-core's threads while held: {threads:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!held.is_lost(), "lost: {:?}", held.loss_reason());
+        let pttl: i64 = server.cmd(&["PTTL", &storage_key(PREFIX, "renewed")]);
+        assert!(pttl > 0, "the key's pttl is {pttl}");
+        assert!(held.release().await.unwrap());
+        println!(
+            "alive tasks on the given runtime: {idle_tasks} before, {peak} while held; \
+             lock-core's threads: {:?}",
+            lock_core_threads()
+        );
+        assert!(
+            peak > idle_tasks,
+            "no task on the given runtime: {peak} alive"
+        );
+        eventually(Duration::from_secs(10), "the heartbeat task ends", || {
+            user.metrics().num_alive_tasks() < peak
+        })
+        .await;
+        assert_eq!(heartbeat_threads(), 0);
+
+        // Without the option: the heartbeat's own thread.
+        let client = client_with(&server, builder()).await;
+        let held = client.lock("own-thread", TTL).await.unwrap();
+        eventually(Duration::from_secs(5), "a heartbeat thread", || {
+            heartbeat_threads() == 1
+        })
+        .await;
+        assert!(held.release().await.unwrap());
+    });
+}
+
+fn lock_core_threads() -> Vec<String> {
+    let mut names: Vec<String> = thread_names()
+        .into_iter()
+        .filter(|name| name.starts_with("lock-core"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs of the blocked-worker scenarios, side by side.
+const RUNS: usize = 8;
+
+/// A task of the given runtime (two workers) blocks its worker for 3 s,
+/// three ttls: the lock held meanwhile is renewed on the other worker, and
+/// is still held. [`RUNS`] runtimes side by side.
+#[test]
+fn a_blocked_worker_of_the_given_runtime_costs_no_held_lock() {
+    let server = RedisServer::start();
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..RUNS)
+            .map(|run| {
+                let server = &server;
+                scope.spawn(move || {
+                    let user = user_runtime(2, "user-worker");
+                    let handle = user.handle().clone();
+                    user.block_on(blocked_worker_run(server, handle, run));
+                })
+            })
+            .collect();
+        for run in runs {
+            run.join().unwrap();
+        }
+    });
+}
+
+async fn blocked_worker_run(server: &RedisServer, user: tokio::runtime::Handle, run: usize) {
+    let client = client_with(server, builder().runtime(user.clone())).await;
+    let held = client.lock(&format!("blocked:{run}"), TTL).await.unwrap();
+    let (blocking, blocked) = tokio::sync::oneshot::channel();
+    let blocker = user.spawn(async move {
+        let _ = blocking.send(());
+        std::thread::sleep(TTL * 3);
+    });
+    blocked.await.unwrap();
+    blocker.await.unwrap();
+    assert!(
+        !held.is_lost(),
+        "run {run}: lost {:?} while a worker was blocked",
+        held.loss_reason()
+    );
+    assert!(held.release().await.unwrap(), "run {run}: still ours");
+}
+
+/// What the option costs: when every worker of the given runtime is
+/// blocked (here its one thread), no renewal runs, and the lock is lost at
+/// its validity deadline, as its guard says to a task on another runtime
+/// within a ttl; the runtime's thread free again, the lease stays lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_of_the_given_runtime_blocked_loses_the_lock_at_its_deadline() {
+    let server = RedisServer::start();
+    let user = user_runtime(1, "user-worker");
+    let client = client_with(&server, builder().runtime(user.handle().clone())).await;
+    let held = client.lock("all-blocked", TTL).await.unwrap();
+    let (blocking, blocked) = tokio::sync::oneshot::channel();
+    user.spawn(async move {
+        let _ = blocking.send(());
+        std::thread::sleep(TTL * 3);
+    });
+    blocked.await.unwrap();
+    let since = Instant::now();
+    tokio::time::timeout(TTL * 2, held.lost())
+        .await
+        .expect("the loss is signalled within two ttls");
+    let after = since.elapsed();
+    println!("all workers blocked: lost after {after:?}");
+    assert_eq!(held.loss_reason(), Some(LossReason::Expired));
+    assert!(after < TTL * 3, "the blocked thread did not free first");
+    tokio::time::sleep(TTL * 3).await;
+    assert_eq!(held.loss_reason(), Some(LossReason::Expired));
+    drop(held);
+    tokio::task::spawn_blocking(move || drop(user))
+        .await
+        .unwrap();
+}
+
+/// The given runtime shuts down while the client holds locks: each is
+/// lost at once (within 1 s, its ttl is 30 s), a guard dropped then still
+/// lets its key go (on lock-core's runtime), a lock taken afterwards is
+/// lost as soon as it is held, and a waiter whose wake-ups ran there gets
+/// a released key on its timer. Nothing panics or hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_given_runtime_shutting_down_loses_its_locks_and_still_releases() {
+    let server = RedisServer::start();
+    let user = user_runtime(1, "user-worker");
+    let client = client_with(&server, builder().runtime(user.handle().clone())).await;
+    let other = client_with(&server, builder()).await;
+    let long = Duration::from_secs(30);
+    let kept = client.lock("kept", long).await.unwrap();
+    let dropped = client.lock("dropped", long).await.unwrap();
+    // A shared lock's release is only ever sent in the background.
+    let shared = client
+        .lock_with("shared", LockOptions::new(long).shared(true))
+        .await
+        .unwrap();
+    let busy = other.lock("busy", long).await.unwrap();
+    eventually(Duration::from_secs(5), "the heartbeat task runs", || {
+        user.metrics().num_alive_tasks() > 0
+    })
+    .await;
+
+    let shut = Instant::now();
+    tokio::task::spawn_blocking(move || drop(user))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(1), kept.lost())
+        .await
+        .expect("the loss is signalled within 1 s");
+    println!(
+        "runtime shut down: loss signalled after {:?}",
+        shut.elapsed()
+    );
+    assert_eq!(kept.loss_reason(), Some(LossReason::RuntimeShutDown));
+    assert_eq!(dropped.loss_reason(), Some(LossReason::RuntimeShutDown));
+
+    drop(dropped);
+    let key = storage_key(PREFIX, "dropped");
+    let released = Instant::now();
+    eventually(
+        Duration::from_secs(2),
+        "the dropped guard's key is let go",
+        || server.cmd::<i64>(&["EXISTS", &key]) == 0,
+    )
+    .await;
+    println!("dropped guard released after {:?}", released.elapsed());
+    drop(shared);
+    eventually_async(
+        Duration::from_secs(2),
+        "the dropped shared lock is let go",
+        || async {
+            match other.try_lock("shared", long).await {
+                Ok(Some(guard)) => guard.release().await.unwrap(),
+                _ => false,
+            }
+        },
+    )
+    .await;
+    println!(
+        "dropped shared guard released after {:?}",
+        released.elapsed()
+    );
+
+    let after = client.lock("after", long).await.unwrap();
+    eventually(
+        Duration::from_secs(1),
+        "a lock taken afterwards is lost",
+        || after.is_lost(),
+    )
+    .await;
+    assert_eq!(after.loss_reason(), Some(LossReason::RuntimeShutDown));
+    drop(after);
+
+    // The waiter's wake-up hub cannot run: its backoff timer finds the key.
+    let options = LockOptions::new(long).wait(Duration::from_secs(10));
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move { client.lock_with("busy", options).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(busy.release().await.unwrap());
+    let taken = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter ends")
+        .unwrap()
+        .unwrap();
+    drop(taken);
+    drop(kept);
+}
+
+/// Bad input the types let through: a runtime built without its drivers
+/// (no `enable_all`). Without a time driver the heartbeat task panics as it
+/// starts, and the lock is lost at once, as when the runtime shuts down;
+/// with time but no I/O driver, the renewals' connection cannot open (each
+/// attempt's task panics), and the lock is lost at its deadline. Neither
+/// panic reaches the caller, and neither loss waits past the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_without_its_drivers_loses_the_locks_it_cannot_renew() {
+    let server = RedisServer::start();
+    let cases = [
+        ("no drivers", false, LossReason::RuntimeShutDown),
+        ("time only", true, LossReason::Expired),
+    ];
+    for (case, time, reason) in cases {
+        let mut user = tokio::runtime::Builder::new_multi_thread();
+        user.worker_threads(1);
+        if time {
+            user.enable_time();
+        }
+        let user = user.build().unwrap();
+        let client = client_with(&server, builder().runtime(user.handle().clone())).await;
+        let held = client.lock(&format!("drivers:{time}"), TTL).await.unwrap();
+        let since = Instant::now();
+        let lost = tokio::time::timeout(TTL * 2, held.lost()).await;
+        let after = since.elapsed();
+        println!("{case}: lost {:?} after {after:?}", held.loss_reason());
+        assert!(lost.is_ok(), "{case}: not lost within two ttls");
+        assert_eq!(held.loss_reason(), Some(reason), "{case}");
+        drop(held);
+        tokio::task::spawn_blocking(move || drop(user))
+            .await
+            .unwrap();
+    }
+}
