@@ -8,6 +8,7 @@ use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::eviction;
 use crate::heartbeat::Heartbeat;
+use crate::kept::Watcher;
 use crate::lease::{Held, MAX_KEY_LEN};
 use crate::queue::{HandoffBudget, PassOn, Queues};
 use crate::release::{self, LetGo};
@@ -38,6 +39,8 @@ pub(crate) struct ClientInner {
     pub(crate) wakeups: Wakeups,
     /// Where the background work runs: the user's runtime, or lock-core's.
     pub(crate) spawner: Spawner,
+    /// What watches this client's acquisitions for being kept unpolled.
+    pub(crate) kept: Arc<Watcher>,
 }
 
 /// The settings every client has, whatever its backend.
@@ -77,6 +80,7 @@ impl ClientInner {
                 settings.op_timeout,
                 settings.spawner.clone(),
             )),
+            kept: Watcher::of(&settings.spawner),
             spawner: settings.spawner,
         });
         let weak: std::sync::Weak<ClientInner> = Arc::downgrade(&inner);

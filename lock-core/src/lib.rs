@@ -122,6 +122,12 @@ mod heartbeat;
 // This process's wait queue per key, and hand-offs between its tasks.
 mod queue;
 
+// The primitives of state handed between tasks, loom's in model tests.
+mod sync;
+
+// An acquisition kept unpolled lets go of what it took.
+mod kept;
+
 // What every clone of a client shares, and the background release.
 mod client_state;
 // Whether the servers may evict lock keys, read at build.
@@ -134,12 +140,6 @@ mod guard;
 
 // Wait records in Redis, and cycles of waits found and broken.
 mod waits;
-
-// The primitives of state handed between tasks, loom's in model tests.
-mod sync;
-
-// An acquisition kept unpolled lets go of what it took.
-mod kept;
 
 // Acquisition by kind: one key, several keys, shared holders and permits.
 mod acquire;

@@ -392,8 +392,9 @@ impl LockClientBuilder {
     /// that tokio-console and `runtime.metrics()` see: the heartbeat that
     /// renews every held lock (`lock-core.heartbeat`), the releases nobody
     /// waits for (`lock-core.release`: a guard dropped, a call cut short)
-    /// and the subscriber connections that hear releases
-    /// (`lock-core.wakeups`); the heartbeat's own connection is opened and
+    /// the subscriber connections that hear releases (`lock-core.wakeups`)
+    /// and the watch that drops an acquisition kept unpolled
+    /// (`lock-core.kept`); the heartbeat's own connection is opened and
     /// driven there too.
     /// Without it (the default) they run on lock-core's own threads, one
     /// `lock-core-heartbeat` thread per client among them. With
