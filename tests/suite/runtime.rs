@@ -8,9 +8,11 @@
 use crate::support::{Backend, client_with, eventually, eventually_async, storage_key};
 use lock_core::{LockClient, LockClientBuilder, LockOptions, LossReason};
 use lock_testkit::RedisServer;
+use std::future::Future;
 use std::process::{Command, Stdio};
+use std::task::Poll;
 use std::time::Duration;
-use tokio::runtime::Runtime;
+use tokio::runtime::{Handle, Runtime};
 use tokio::time::Instant;
 
 const PREFIX: &str = "rt:";
@@ -21,9 +23,6 @@ const ALONE: &str = "LOCK_SUITE_RUNTIME_ALONE";
 /// The heartbeat thread's name as `/proc` shows it: `lock-core-heartbeat`
 /// cut to the 15 bytes Linux keeps.
 const HEARTBEAT_THREAD: &str = "lock-core-heart";
-/// The threads of lock-core's process-wide runtime (`background.rs`):
-/// one that owns it, two workers.
-const PROCESS_WIDE: [&str; 2] = ["lock-core", "lock-core-io"];
 
 fn user_runtime(workers: usize, name: &str) -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -90,8 +89,9 @@ fn alone(name: &str) {
 /// With a runtime given, a lock with a 1 s ttl is renewed for 3.5 s by a
 /// task of that runtime: its alive tasks rise while the lock is held and
 /// fall after the release (the heartbeat ends when idle), and lock-core
-/// starts no thread for the client meanwhile (no `lock-core-heartbeat`;
-/// the process-wide runtime's three at most). The same hold without the
+/// starts no thread meanwhile: no `lock-core-heartbeat`, nor the threads of
+/// its process-wide runtime (the watch over kept acquisitions runs on the
+/// given runtime too). The same hold without the
 /// option starts one: what is looked for is there to be found. In a process
 /// of its own: other tests' clients start heartbeat threads too.
 #[test]
@@ -110,14 +110,9 @@ fn a_client_on_a_given_runtime_renews_there_and_starts_no_thread() {
         let mut peak = 0;
         while started.elapsed() < TTL * 7 / 2 {
             peak = peak.max(user.metrics().num_alive_tasks());
-            // Only the process's own: the runtime that watches for kept
-            // acquisitions (`kept.rs`), whichever client made them.
             let threads = lock_core_threads();
             assert!(
-                threads.len() <= 3
-                    && threads
-                        .iter()
-                        .all(|name| PROCESS_WIDE.contains(&name.as_str())),
+                threads.is_empty(),
                 "lock-core's threads while held: {threads:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -139,7 +134,7 @@ fn a_client_on_a_given_runtime_renews_there_and_starts_no_thread() {
             user.metrics().num_alive_tasks() < peak
         })
         .await;
-        assert_eq!(heartbeat_threads(), 0);
+        assert_eq!(lock_core_threads(), Vec::<String>::new());
 
         // Without the option: the heartbeat's own thread.
         let client = client_with(&server, builder()).await;
@@ -402,4 +397,48 @@ async fn a_runtime_without_its_drivers_loses_the_locks_it_cannot_renew() {
             .await
             .unwrap();
     }
+}
+
+/// A lock call of a client on a given runtime, polled once (its `SET` in
+/// flight) and kept: the watch over kept acquisitions, which runs on that
+/// runtime for this client, gives it up, so that another client has the
+/// key well before the kept call's 30 s ttl, and nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_call_of_a_client_on_a_given_runtime_leaves_the_key_to_others() {
+    let server = RedisServer::start();
+    let client = client_with(&server, builder().runtime(Handle::current())).await;
+    let other = client_with(&server, builder()).await;
+    let sent = Instant::now();
+    let mut kept = None;
+    for _ in 0..50 {
+        let mut call = Box::pin(client.lock("kept-call", Duration::from_secs(30)));
+        let pending = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending()));
+        if pending.await {
+            kept = Some(call);
+            break;
+        }
+    }
+    let kept = kept.expect("the call never stayed in flight");
+    let key = storage_key(PREFIX, "kept-call");
+    // Its `SET` first: else the other client's may take the key before it.
+    eventually(
+        Duration::from_secs(1),
+        "the kept call takes the key",
+        || server.cmd::<i64>(&["EXISTS", &key]) == 1,
+    )
+    .await;
+    let options = LockOptions::new(TTL).wait(Duration::from_secs(5));
+    let taken = other
+        .lock_with("kept-call", options)
+        .await
+        .unwrap_or_else(|e| panic!("the kept call kept the key: {e}"));
+    let cost = sent.elapsed();
+    println!("another client had the key {cost:?} after the kept call");
+    assert!(cost < Duration::from_millis(600), "held up for {cost:?}");
+    assert!(taken.release().await.unwrap());
+    drop(kept);
+    eventually(Duration::from_secs(1), "nothing is left held", || {
+        server.cmd::<i64>(&["EXISTS", &key]) == 0
+    })
+    .await;
 }
