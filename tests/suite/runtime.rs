@@ -6,7 +6,7 @@
 //! dropped still happen, and nothing hangs. docs/runtime.md says the same.
 
 use crate::support::{Backend, client_with, eventually, eventually_async, storage_key};
-use lock_core::{LockClient, LockClientBuilder, LockOptions, LossReason};
+use lock_core::{LockClient, LockClientBuilder, LockGuard, LockOptions, LossReason};
 use lock_testkit::RedisServer;
 use std::future::Future;
 use std::process::{Command, Stdio};
@@ -314,27 +314,11 @@ async fn shutdown_run(backend: &Backend) {
         "{on}"
     );
 
-    let released = Instant::now();
-    drop(dropped);
-    let key = storage_key(PREFIX, "dropped");
-    let what = format!("{on}: the dropped guard's key is let go");
-    eventually(Duration::from_secs(2), &what, || !backend.holds(&key)).await;
-    let dropped_after = released.elapsed();
-    if let Some(shared) = shared {
-        drop(shared);
-        let what = format!("{on}: the dropped shared lock is let go");
-        eventually_async(Duration::from_secs(2), &what, || async {
-            match other.try_lock("shared", long).await {
-                Ok(Some(guard)) => guard.release().await.unwrap(),
-                _ => false,
-            }
-        })
-        .await;
-    }
+    let (dropped_after, every_after) = let_go(backend, &other, dropped, shared).await;
     println!(
         "{on}: loss signalled {signalled:?} after the shutdown; dropped guard let go after \
-         {dropped_after:?}, every dropped guard (a shared one too, but on Redlock) after {:?}",
-        released.elapsed()
+         {dropped_after:?}, every dropped guard (a shared one too, but on Redlock) after \
+         {every_after:?}"
     );
 
     let after = client.lock("after", long).await.unwrap();
@@ -362,6 +346,35 @@ async fn shutdown_run(backend: &Backend) {
         .unwrap_or_else(|e| panic!("{on}: the waiter failed: {e}"));
     drop(taken);
     drop(kept);
+}
+
+/// Drops `dropped` and `shared`, guards of a client whose runtime shut
+/// down, and waits until their keys are let go: how long each took.
+async fn let_go(
+    backend: &Backend,
+    other: &LockClient,
+    dropped: LockGuard,
+    shared: Option<LockGuard>,
+) -> (Duration, Duration) {
+    let on = backend.name();
+    let released = Instant::now();
+    drop(dropped);
+    let key = storage_key(PREFIX, "dropped");
+    let what = format!("{on}: the dropped guard's key is let go");
+    eventually(Duration::from_secs(2), &what, || !backend.holds(&key)).await;
+    let dropped_after = released.elapsed();
+    if let Some(shared) = shared {
+        drop(shared);
+        let what = format!("{on}: the dropped shared lock is let go");
+        eventually_async(Duration::from_secs(2), &what, || async {
+            match other.try_lock("shared", Duration::from_secs(30)).await {
+                Ok(Some(guard)) => guard.release().await.unwrap(),
+                _ => false,
+            }
+        })
+        .await;
+    }
+    (dropped_after, released.elapsed())
 }
 
 /// Bad input the types let through: a runtime built without its drivers
