@@ -75,7 +75,8 @@ impl Spawner {
         self.runtime.is_some()
     }
 
-    /// Runs `work` as the task `name`, in a span of that name, with the
+    /// Runs `work` as the task `name`, in a `lock_core_task` span whose
+    /// `task` field is the name, with the
     /// subscriber of the code that spawned it: on the user's runtime when
     /// one was given, else on lock-core's (see [`spawn`]). A user's runtime
     /// that has shut down drops `work` unpolled, and one shutting down drops
@@ -107,24 +108,31 @@ impl Spawner {
         if !self.is_users() {
             return spawn(make());
         }
-        let unfinished = Unfinished(Some(make));
+        let unfinished = Unfinished {
+            make: Some(make),
+            name,
+        };
         self.spawn(name, async move {
             let mut unfinished = unfinished;
-            let work = unfinished.0.as_ref().map(|make| make());
+            let work = unfinished.make.as_ref().map(|make| make());
             if let Some(work) = work {
                 work.await;
             }
-            unfinished.0 = None;
+            unfinished.make = None;
         });
     }
 }
 
 /// Work a user's runtime dropped before it was done: done on lock-core's
 /// runtime instead.
-struct Unfinished<M, F>(Option<M>)
+struct Unfinished<M, F>
 where
     M: Fn() -> F,
-    F: Future<Output = ()> + Send + 'static;
+    F: Future<Output = ()> + Send + 'static,
+{
+    make: Option<M>,
+    name: &'static str,
+}
 
 impl<M, F> Drop for Unfinished<M, F>
 where
@@ -132,9 +140,11 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn drop(&mut self) {
-        if let Some(make) = self.0.take() {
+        if let Some(make) = self.make.take() {
             tracing::debug!(
-                "the runtime given to lock-core dropped a release; it runs on lock-core's"
+                task = self.name,
+                "the runtime given to lock-core dropped this task unfinished; it runs again on \
+                 lock-core's"
             );
             spawn(make());
         }
