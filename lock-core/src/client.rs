@@ -243,7 +243,7 @@ impl LockClient {
         let inner = self.inner.clone();
         acquire_watched(
             key.clone(),
-            (options, inner.default_wait),
+            (options, inner.default_wait, &self.inner.kept),
             span,
             move |options| {
                 let (inner, key) = (inner.clone(), key.clone());
@@ -322,7 +322,7 @@ impl LockClient {
         let inner = self.inner.clone();
         acquire_watched(
             keys[0].clone(),
-            (options, inner.default_wait),
+            (options, inner.default_wait, &self.inner.kept),
             span,
             move |options| {
                 let (inner, keys) = (inner.clone(), keys.clone());
@@ -491,7 +491,7 @@ impl LockClient {
 /// of attempts made.
 async fn acquire_watched<S, F>(
     first: Arc<str>,
-    (options, default_wait): (LockOptions, Duration),
+    (options, default_wait, watcher): (LockOptions, Duration, &Arc<kept::Watcher>),
     span: tracing::Span,
     start: S,
 ) -> Result<LockGuard, LockError>
@@ -505,7 +505,7 @@ where
     // when the caller drops this future while it waits.
     let _waiting = observe::Waiting::start(label);
     let wait = options.wait.unwrap_or(default_wait);
-    let acquired = kept::watched(first, started.into_std(), wait, move |left| {
+    let acquired = kept::watched(watcher, first, started.into_std(), wait, move |left| {
         start(options.clone().wait(left))
     });
     // (The attempts of its last start, should a kept acquisition have

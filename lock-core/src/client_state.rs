@@ -3,11 +3,12 @@
 //! in the background when nobody can wait for it.
 
 use crate::backend::{Backend, Wakeups};
-use crate::background;
+use crate::background::Spawner;
 use crate::backoff::Backoff;
 use crate::error::{ErrorKind, LockError};
 use crate::eviction;
 use crate::heartbeat::Heartbeat;
+use crate::kept::Watcher;
 use crate::lease::{Held, MAX_KEY_LEN};
 use crate::queue::{HandoffBudget, PassOn, Queues};
 use crate::release::{self, LetGo};
@@ -36,6 +37,10 @@ pub(crate) struct ClientInner {
     pub(crate) queues: Queues,
     pub(crate) handoff: HandoffBudget,
     pub(crate) wakeups: Wakeups,
+    /// Where the background work runs: the user's runtime, or lock-core's.
+    pub(crate) spawner: Spawner,
+    /// What watches this client's acquisitions for being kept unpolled.
+    pub(crate) kept: Arc<Watcher>,
 }
 
 /// The settings every client has, whatever its backend.
@@ -49,12 +54,13 @@ pub(crate) struct Settings {
     pub(crate) handoff: HandoffBudget,
     /// Releases by the server's own compare-and-delete where it has one.
     pub(crate) native: bool,
+    pub(crate) spawner: Spawner,
 }
 
 impl ClientInner {
     /// The shared state of a client of checked settings and a backend.
     pub(crate) fn assemble(settings: Settings, backend: Backend) -> Arc<ClientInner> {
-        let wakeups = backend.wakeups();
+        let wakeups = backend.wakeups().spawning_on(settings.spawner.clone());
         let holder = Arc::new(Holder::new(&settings.holder));
         if settings.native {
             backend.release_natively(&holder);
@@ -76,7 +82,12 @@ impl ClientInner {
             default_wait: settings.default_wait,
             op_timeout: settings.op_timeout,
             backoff: settings.backoff,
-            heartbeat: Arc::new(Heartbeat::new(settings.op_timeout)),
+            heartbeat: Arc::new(Heartbeat::new(
+                settings.op_timeout,
+                settings.spawner.clone(),
+            )),
+            kept: Watcher::of(&settings.spawner),
+            spawner: settings.spawner,
         });
         let weak: std::sync::Weak<ClientInner> = Arc::downgrade(&inner);
         inner.queues.serve(weak as std::sync::Weak<dyn PassOn>);
@@ -202,6 +213,9 @@ impl ClientInner {
     /// and both are safe to repeat. What the guard's `Drop`, a `release`
     /// cut short, an acquisition cut short and a hand-off nobody took all
     /// call, inside a runtime or not.
+    ///
+    /// On a runtime the user gave, the release is a task there; should that
+    /// runtime drop it unfinished (it shut down), it runs on lock-core's.
     pub(crate) fn release_in_background(self: &Arc<Self>, held: Held, how: LetGo, until: Instant) {
         let done = matches!(how, LetGo::Release) && release::release_now(&self.backend, &held);
         if done && !self.backend.is_remote() {
@@ -209,9 +223,12 @@ impl ClientInner {
             return;
         }
         let inner = self.clone();
-        background::spawn(async move {
-            let limit = inner.op_timeout;
-            until_answered(&inner, until, || how.send(&inner.backend, &held, limit)).await;
+        self.spawner.spawn_must("lock-core.release", move || {
+            let (inner, held) = (inner.clone(), held.clone());
+            async move {
+                let limit = inner.op_timeout;
+                until_answered(&inner, until, || how.send(&inner.backend, &held, limit)).await;
+            }
         });
     }
 }

@@ -94,6 +94,11 @@ pub enum LossReason {
     /// change (an ACL user without `EVALSHA`, say); the WARN logged with
     /// it carries the server's words.
     Refused,
+    /// The runtime given to
+    /// [`LockClientBuilder::runtime`](crate::LockClientBuilder::runtime),
+    /// which ran its renewals, shut down while the lock was held: nothing
+    /// renews it any more.
+    RuntimeShutDown,
 }
 
 impl LossReason {
@@ -105,6 +110,7 @@ impl LossReason {
             LossReason::MaxHold => "max_hold reached",
             LossReason::ForceReleased => "an operator force-released the lock",
             LossReason::Refused => "Redis refused to renew the lock",
+            LossReason::RuntimeShutDown => "the runtime that renewed the lock shut down",
         }
     }
 
@@ -127,6 +133,9 @@ impl LossReason {
             }
             LossReason::ForceReleased => {
                 "an operator force-released it (LockClient::force_release or lockctl release) before the work finished"
+            }
+            LossReason::RuntimeShutDown => {
+                "the runtime given to LockClientBuilder::runtime, which ran its renewals, shut down while it was held; keep that runtime running as long as the client holds locks"
             }
         }
     }

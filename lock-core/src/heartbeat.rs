@@ -40,9 +40,18 @@
 //! after a short idle period; the next guard starts another. (On the
 //! in-memory store, which needs no I/O, the task runs on the runtime of the
 //! first guard that needed it.)
+//!
+//! A client given a runtime (`LockClientBuilder::runtime`) runs the task
+//! there instead, as `lock-core.heartbeat`, with its connections: the user
+//! then promises it a free worker every third of a ttl. Should that runtime
+//! drop the task (it shut down), every lease it renewed is lost at once
+//! ([`LossReason::RuntimeShutDown`]) rather than left to look held until
+//! its deadline; a lease that joins later finds the task dropped again and
+//! is lost as it joins.
 
 use crate::admission::{self, Admission, Load, MAX_ROUND};
 use crate::backend::{BATCH, Backend, RenewOutcome, Renewable};
+use crate::background::Spawner;
 use crate::lease::{Lease, LossReason, Scope, renewal_due};
 use crate::observe;
 use crate::release::{self, Expiry};
@@ -63,6 +72,8 @@ const IDLE: Duration = Duration::from_secs(2);
 pub(crate) struct Heartbeat {
     state: Mutex<Schedule>,
     wake: Notify,
+    /// Where the task runs: a runtime the user gave, or a thread of its own.
+    spawner: Spawner,
     /// The bound on each round's call.
     op_timeout: Duration,
     /// Whether a new lease may join (see `admission.rs`).
@@ -298,6 +309,21 @@ impl Slots {
         }
     }
 
+    /// Removes every entry, in flight or not: the leases that were in them.
+    fn take_all(&mut self) -> Vec<Arc<Lease>> {
+        let taken: Vec<(Enrolment, Arc<Lease>)> = (self.slots.iter().enumerate())
+            .filter_map(|(index, slot)| {
+                let entry = slot.entry.as_ref()?;
+                let index = u32::try_from(index).ok()?;
+                Some((Enrolment { index, id: slot.id }, entry.lease.clone()))
+            })
+            .collect();
+        for (at, _) in &taken {
+            self.remove_current(*at);
+        }
+        taken.into_iter().map(|(_, lease)| lease).collect()
+    }
+
     /// The earliest due time of a lease not in flight.
     fn earliest_due(&self) -> Option<Instant> {
         self.by_due.first().map(|(due, _)| *due)
@@ -305,12 +331,13 @@ impl Slots {
 }
 
 impl Heartbeat {
-    pub(crate) fn new(op_timeout: Duration) -> Heartbeat {
+    pub(crate) fn new(op_timeout: Duration, spawner: Spawner) -> Heartbeat {
         let schedule = Schedule::default();
         let admission = schedule.leases.admission.clone();
         Heartbeat {
             state: Mutex::new(schedule),
             wake: Notify::new(),
+            spawner,
             op_timeout,
             admission,
         }
@@ -379,23 +406,51 @@ impl Heartbeat {
             (id, start, wake)
         };
         if let Some(flag) = start {
-            let running = Running(flag);
-            let remote = backend.is_remote();
-            let (heartbeat, backend) = (Arc::downgrade(self), Arc::downgrade(backend));
-            let task = async move {
-                let _running = running;
-                run(heartbeat, backend).await;
-            };
-            match remote {
-                true => spawn_apart(task),
-                // The in-memory store needs no I/O, and its users' tests may
-                // pause the clock of their runtime: it stays there.
-                false => drop(tokio::spawn(task)),
-            }
+            self.start(backend, flag);
         } else if wake {
             heartbeat.wake.notify_one();
         }
         id
+    }
+
+    /// Starts the task: on the user's runtime when one was given, else on a
+    /// thread of its own.
+    fn start(self: &Arc<Heartbeat>, backend: &Arc<Backend>, flag: Arc<AtomicBool>) {
+        let on_users = self.spawner.is_users();
+        let running = Running {
+            flag,
+            heartbeat: Arc::downgrade(self),
+            ended: !on_users,
+        };
+        let remote = backend.is_remote();
+        let (heartbeat, backend) = (Arc::downgrade(self), Arc::downgrade(backend));
+        let task = async move {
+            let mut running = running;
+            run(heartbeat, backend).await;
+            running.ended = true;
+        };
+        match (on_users, remote) {
+            (true, _) => self.spawner.spawn("lock-core.heartbeat", task),
+            (false, true) => spawn_apart(task),
+            // The in-memory store needs no I/O, and its users' tests may
+            // pause the clock of their runtime: it stays there.
+            (false, false) => drop(tokio::spawn(task)),
+        }
+    }
+
+    /// The task was dropped unfinished: the runtime the user gave shut down
+    /// (or the task panicked). No renewal can run, so every lease it renewed
+    /// is lost now, rather than kept by its guard as if renewed until its
+    /// validity deadline.
+    fn stopped(&self) {
+        let lost = {
+            let mut schedule = self.lock();
+            schedule.alarm = None;
+            schedule.leases.take_all()
+        };
+        for lease in lost {
+            lease.mark_lost(LossReason::RuntimeShutDown);
+        }
     }
 
     /// Moves a lease's next renewal to `due` (after `extend` changed its
@@ -462,12 +517,24 @@ fn spawn_apart(task: impl Future<Output = ()> + Send + 'static) {
 }
 
 /// Clears the running flag when the task ends or is dropped with its
-/// runtime.
-struct Running(Arc<AtomicBool>);
+/// runtime; on a user's runtime, a task dropped before it ended loses its
+/// leases ([`Heartbeat::stopped`]).
+struct Running {
+    flag: Arc<AtomicBool>,
+    heartbeat: Weak<Heartbeat>,
+    /// Set when `run` returns (and from the start off a user's runtime,
+    /// where the task is dropped only as its thread or process ends).
+    ended: bool,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.flag.store(false, Ordering::Release);
+        if !self.ended
+            && let Some(heartbeat) = self.heartbeat.upgrade()
+        {
+            heartbeat.stopped();
+        }
     }
 }
 

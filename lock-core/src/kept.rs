@@ -25,8 +25,14 @@
 //! acquisition its first poll leaves pending is listed, in one of several
 //! lists, until it ends; and while any is listed, a watch on lock-core's
 //! runtime looks at them every [`TICK`].
+//!
+//! A client given a runtime (`LockClientBuilder::runtime`) has a
+//! [`Watcher`] of its own, whose watch runs there (`lock-core.kept`), so
+//! that it starts none of lock-core's threads; should that runtime drop the
+//! watch (it shut down), the watch goes on on lock-core's runtime. Every
+//! other client shares lock-core's.
 
-use crate::background;
+use crate::background::{self, Spawner};
 use crate::sync::{self, AtomicWaker};
 use std::future::Future;
 use std::pin::Pin;
@@ -71,9 +77,10 @@ pub(crate) struct Watched<F, S> {
     started: bool,
 }
 
-/// Watches the acquisition `start` makes, within a wait of `wait` from
-/// `since`; `key` (the first of several) names it in the record.
+/// Watches the acquisition `start` makes, with `watcher`, within a wait of
+/// `wait` from `since`; `key` (the first of several) names it in the record.
 pub(crate) fn watched<F, S>(
+    watcher: &Arc<Watcher>,
     key: Arc<str>,
     since: Instant,
     wait: Duration,
@@ -89,6 +96,7 @@ where
         patience: sync::AtomicU64::new(KEPT_TICKS),
         caller: AtomicWaker::new(),
         key,
+        watcher: watcher.clone(),
     });
     Watched {
         waker: Waker::from(watch.clone()),
@@ -128,7 +136,7 @@ where
             }
         } else if this.listed.is_none() && cfg!(not(all(test, lock_core_loom))) {
             drop(future);
-            this.listed = Some(list(this.watch.clone()));
+            this.listed = Some(this.watch.watcher.list(this.watch.clone()));
         }
         polled
     }
@@ -141,7 +149,7 @@ impl<F, S> Drop for Watched<F, S> {
         let acquisition = self.watch.future().take();
         drop(acquisition);
         if let Some(listed) = self.listed {
-            unlist(listed);
+            self.watch.watcher.unlist(listed);
         }
     }
 }
@@ -151,7 +159,7 @@ struct Watch<F> {
     /// The acquisition; `None` before the first poll, once done, and once
     /// given up. Boxed, to be dropped wherever it is given up.
     future: sync::Mutex<Option<Pin<Box<F>>>>,
-    /// The watch's tick ([`ticks`]) when the acquisition was woken and not
+    /// The watch's tick ([`Watcher`]'s) when the acquisition was woken and not
     /// polled since, or 0.
     woken_at: sync::AtomicU64,
     /// Ticks from a wake-up to the drop: [`KEPT_TICKS`], doubled at every
@@ -161,6 +169,8 @@ struct Watch<F> {
     caller: AtomicWaker,
     /// The key (the first of several), for the record.
     key: Arc<str>,
+    /// Where it is listed, and whose ticks time its wake-ups.
+    watcher: Arc<Watcher>,
 }
 
 impl<F> Watch<F> {
@@ -175,9 +185,12 @@ impl<F: Future + Send + 'static> Wake for Watch<F> {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let _ = self
-            .woken_at
-            .compare_exchange(0, ticks(), Ordering::AcqRel, Ordering::Relaxed);
+        let _ = self.woken_at.compare_exchange(
+            0,
+            self.watcher.ticks(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
         self.caller.wake();
     }
 }
@@ -246,68 +259,130 @@ impl List {
     }
 }
 
-fn lists() -> &'static [List; LISTS] {
-    static LISTS_IN_FLIGHT: OnceLock<[List; LISTS]> = OnceLock::new();
-    LISTS_IN_FLIGHT.get_or_init(Default::default)
+/// The acquisitions in flight that one watch looks at, and the watch's
+/// state: lock-core's, shared by every client without a runtime of its own,
+/// or a client's, run on the runtime it was given.
+pub(crate) struct Watcher {
+    lists: [List; LISTS],
+    /// Whether a watch runs.
+    watching: AtomicBool,
+    /// The watch's ticks so far, from 1 (0 means "not woken"). Only a
+    /// running watch counts them, and one runs while any acquisition is in
+    /// flight.
+    ticks: AtomicU64,
+    /// Where the watch runs.
+    spawner: Spawner,
 }
 
-/// Whether a watch runs.
-static WATCHING: AtomicBool = AtomicBool::new(false);
-
-/// Lists an acquisition in flight, and starts the watch if none runs.
-fn list(watch: Arc<dyn Kept>) -> Listed {
-    // Spread by address: one acquisition's memory, one list.
-    let list = (Arc::as_ptr(&watch).cast::<u8>() as usize >> 7) % LISTS;
-    let place = {
-        let mut places = lists()[list].places();
-        match places.free.pop() {
-            Some(place) => {
-                places.taken[place] = Some(watch);
-                place
-            }
-            None => {
-                places.taken.push(Some(watch));
-                places.taken.len() - 1
-            }
+impl Watcher {
+    /// The watcher of a client whose background work `spawner` runs.
+    pub(crate) fn of(spawner: &Spawner) -> Arc<Watcher> {
+        if !spawner.is_users() {
+            return Watcher::ours().clone();
         }
-    };
-    // A load first: while a watch runs (nearly always, under load) no
-    // acquisition writes the flag every thread reads.
-    if !WATCHING.load(Ordering::Acquire) && !WATCHING.swap(true, Ordering::AcqRel) {
-        start_watch();
+        Arc::new(Watcher::new(spawner.clone()))
     }
-    Listed(list, place)
-}
 
-fn unlist(Listed(list, place): Listed) {
-    let mut places = lists()[list].places();
-    if let Some(taken) = places.taken.get_mut(place).and_then(Option::take) {
-        places.free.push(place);
-        // Its memory is freed by the task that made it, not under the lock.
-        drop(places);
-        drop(taken);
+    /// lock-core's, on its own runtime.
+    pub(crate) fn ours() -> &'static Arc<Watcher> {
+        static OURS: OnceLock<Arc<Watcher>> = OnceLock::new();
+        OURS.get_or_init(|| Arc::new(Watcher::new(Spawner::default())))
     }
-}
 
-fn start_watch() {
-    let runtime = background::handle()
-        .cloned()
-        .or_else(|| tokio::runtime::Handle::try_current().ok());
-    match runtime {
-        Some(runtime) => drop(runtime.spawn(watch_kept())),
-        // Nowhere to wait: the next acquisition inside a runtime starts it.
-        None => WATCHING.store(false, Ordering::Release),
+    fn new(spawner: Spawner) -> Watcher {
+        Watcher {
+            lists: Default::default(),
+            watching: AtomicBool::new(false),
+            ticks: AtomicU64::new(1),
+            spawner,
+        }
+    }
+
+    fn ticks(&self) -> u64 {
+        self.ticks.load(Ordering::Acquire)
+    }
+
+    /// Lists an acquisition in flight, and starts the watch if none runs.
+    fn list(self: &Arc<Self>, watch: Arc<dyn Kept>) -> Listed {
+        // Spread by address: one acquisition's memory, one list.
+        let list = (Arc::as_ptr(&watch).cast::<u8>() as usize >> 7) % LISTS;
+        let place = {
+            let mut places = self.lists[list].places();
+            match places.free.pop() {
+                Some(place) => {
+                    places.taken[place] = Some(watch);
+                    place
+                }
+                None => {
+                    places.taken.push(Some(watch));
+                    places.taken.len() - 1
+                }
+            }
+        };
+        // A load first: while a watch runs (nearly always, under load) no
+        // acquisition writes the flag every thread reads.
+        if !self.watching.load(Ordering::Acquire) && !self.watching.swap(true, Ordering::AcqRel) {
+            self.start_watch();
+        }
+        Listed(list, place)
+    }
+
+    fn unlist(&self, Listed(list, place): Listed) {
+        let mut places = self.lists[list].places();
+        if let Some(taken) = places.taken.get_mut(place).and_then(Option::take) {
+            places.free.push(place);
+            // Its memory is freed by the task that made it, not under the lock.
+            drop(places);
+            drop(taken);
+        }
+    }
+
+    fn start_watch(self: &Arc<Self>) {
+        if self.spawner.is_users() {
+            // Dropped unfinished with its runtime, it goes on on ours.
+            let watcher = self.clone();
+            return self
+                .spawner
+                .spawn_must("lock-core.kept", move || watch_kept(watcher.clone()));
+        }
+        let runtime = background::handle()
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        match runtime {
+            Some(runtime) => drop(runtime.spawn(watch_kept(self.clone()))),
+            // Nowhere to wait: the next acquisition inside a runtime starts it.
+            None => self.watching.store(false, Ordering::Release),
+        }
+    }
+
+    /// How many acquisitions are in flight, and those found kept at `tick`.
+    fn look(&self, tick: u64) -> (usize, Vec<Arc<dyn Kept>>) {
+        let mut in_flight = 0;
+        let mut kept = Vec::new();
+        for list in &self.lists {
+            let places = list.places();
+            in_flight += places.taken.len() - places.free.len();
+            kept.extend(
+                places
+                    .taken
+                    .iter()
+                    .flatten()
+                    .filter(|watch| watch.kept_at(tick))
+                    .cloned(),
+            );
+        }
+        (in_flight, kept)
     }
 }
 
 /// Every [`TICK`], drops the acquisitions woken and left unpolled for
 /// [`KEPT`]; ends after [`IDLE_TICKS`] with none in flight.
-async fn watch_kept() {
+async fn watch_kept(watcher: Arc<Watcher>) {
     let mut idle = 0;
     loop {
         tokio::time::sleep(TICK).await;
-        let tick = TICKS.fetch_add(1, Ordering::AcqRel) + 1;
-        let (in_flight, kept) = look(tick);
+        let tick = watcher.ticks.fetch_add(1, Ordering::AcqRel) + 1;
+        let (in_flight, kept) = watcher.look(tick);
         for watch in kept {
             watch.give_up(tick);
         }
@@ -315,41 +390,14 @@ async fn watch_kept() {
         if idle < IDLE_TICKS {
             continue;
         }
-        WATCHING.store(false, Ordering::Release);
+        watcher.watching.store(false, Ordering::Release);
         // An acquisition listed as the watch ended would go unwatched:
         // watch on if one came.
-        if look(tick).0 == 0 || WATCHING.swap(true, Ordering::AcqRel) {
+        if watcher.look(tick).0 == 0 || watcher.watching.swap(true, Ordering::AcqRel) {
             return;
         }
         idle = 0;
     }
-}
-
-/// How many acquisitions are in flight, and those found kept at `tick`.
-fn look(tick: u64) -> (usize, Vec<Arc<dyn Kept>>) {
-    let mut in_flight = 0;
-    let mut kept = Vec::new();
-    for list in lists() {
-        let places = list.places();
-        in_flight += places.taken.len() - places.free.len();
-        kept.extend(
-            places
-                .taken
-                .iter()
-                .flatten()
-                .filter(|watch| watch.kept_at(tick))
-                .cloned(),
-        );
-    }
-    (in_flight, kept)
-}
-
-/// The watch's ticks so far, from 1 (0 means "not woken"). Only a running
-/// watch counts them, and one runs while any acquisition is in flight.
-static TICKS: AtomicU64 = AtomicU64::new(1);
-
-fn ticks() -> u64 {
-    TICKS.load(Ordering::Acquire)
 }
 
 /// Each thread keeps the allocations of its last few finished acquisitions
@@ -457,19 +505,25 @@ mod model {
             let reply = Arc::new((AtomicBool::new(false), sync::AtomicWaker::new()));
             let dropped = Arc::new(Mutex::new(Vec::new()));
             let starts = AtomicUsize::new(0);
-            let mut acquisition = Box::pin(watched("k".into(), Instant::now(), KEPT, {
-                let (reply, dropped) = (reply.clone(), dropped.clone());
-                move |_| {
-                    let start = starts.fetch_add(1, Ordering::Relaxed) + 1;
-                    // A start after a give-up finds its reply in at once.
-                    Acquisition {
-                        start,
-                        reply: reply.clone(),
-                        done: false,
-                        dropped_unfinished: dropped.clone(),
+            let mut acquisition = Box::pin(watched(
+                Watcher::ours(),
+                "k".into(),
+                Instant::now(),
+                KEPT,
+                {
+                    let (reply, dropped) = (reply.clone(), dropped.clone());
+                    move |_| {
+                        let start = starts.fetch_add(1, Ordering::Relaxed) + 1;
+                        // A start after a give-up finds its reply in at once.
+                        Acquisition {
+                            start,
+                            reply: reply.clone(),
+                            done: false,
+                            dropped_unfinished: dropped.clone(),
+                        }
                     }
-                }
-            }));
+                },
+            ));
             let waker = futures::task::noop_waker();
             let first = acquisition.as_mut().poll(&mut Context::from_waker(&waker));
             assert!(first.is_pending(), "no reply yet");

@@ -28,6 +28,7 @@ impl LossReason {
             LossReason::MaxHold => 4,
             LossReason::ForceReleased => 5,
             LossReason::Refused => 6,
+            LossReason::RuntimeShutDown => 7,
         }
     }
 
@@ -39,6 +40,7 @@ impl LossReason {
             LossReason::MaxHold,
             LossReason::ForceReleased,
             LossReason::Refused,
+            LossReason::RuntimeShutDown,
         ]
         .into_iter()
         .find(|reason| reason.code() == code)

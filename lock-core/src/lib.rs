@@ -88,7 +88,8 @@
 
 // From the bottom layer up: a module uses only those above it in this list.
 // (Blank lines keep rustfmt from sorting the layers into one alphabet.)
-// lock-core's own runtime, for the work no task of the user's may hold up.
+// lock-core's own runtime, for the work no task of the user's may hold up,
+// and the `Spawner` that puts a client's work on the user's runtime instead.
 mod background;
 // Jittered exponential backoff between attempts.
 mod backoff;
@@ -115,10 +116,17 @@ mod release;
 
 // Admission control: no new lease past what the heartbeat can renew.
 mod admission;
-// The heartbeat: renews every held lease, on a thread of its own.
+// The heartbeat: renews every held lease, on a thread of its own (or the
+// runtime the user gave).
 mod heartbeat;
 // This process's wait queue per key, and hand-offs between its tasks.
 mod queue;
+
+// The primitives of state handed between tasks, loom's in model tests.
+mod sync;
+
+// An acquisition kept unpolled lets go of what it took.
+mod kept;
 
 // What every clone of a client shares, and the background release.
 mod client_state;
@@ -132,12 +140,6 @@ mod guard;
 
 // Wait records in Redis, and cycles of waits found and broken.
 mod waits;
-
-// The primitives of state handed between tasks, loom's in model tests.
-mod sync;
-
-// An acquisition kept unpolled lets go of what it took.
-mod kept;
 
 // Acquisition by kind: one key, several keys, shared holders and permits.
 mod acquire;

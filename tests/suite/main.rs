@@ -44,6 +44,7 @@ mod operators;
 mod reconnect;
 mod redlock;
 mod reentry;
+mod runtime;
 mod sentinel;
 mod takeover;
 mod tls;

@@ -21,6 +21,7 @@
 //! waits on, should an unsubscribe have been lost with a connection.
 
 use super::cluster::Topology;
+use crate::background::Spawner;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::{HashMap, HashSet};
@@ -40,6 +41,8 @@ const CLUSTER_HUBS: usize = 2;
 pub(crate) struct Wakeups {
     channels: Arc<Channels>,
     hubs: Vec<Hub>,
+    /// Where the hubs' tasks run.
+    spawner: Spawner,
 }
 
 /// The channels some waiter of this client listens on.
@@ -169,6 +172,7 @@ impl Wakeups {
                     live: Mutex::new(None),
                 })
                 .collect(),
+            spawner: Spawner::default(),
         }
     }
 
@@ -194,6 +198,7 @@ impl Wakeups {
                     live: Mutex::new(None),
                 })
                 .collect(),
+            spawner: Spawner::default(),
         }
     }
 
@@ -203,7 +208,14 @@ impl Wakeups {
         Wakeups {
             channels,
             hubs: Vec::new(),
+            spawner: Spawner::default(),
         }
+    }
+
+    /// The same wake-ups, their hubs run by `spawner`.
+    pub(crate) fn spawning_on(mut self, spawner: Spawner) -> Wakeups {
+        self.spawner = spawner;
+        self
     }
 
     /// Subscribes to releases of `channel` on every server, waiting at most
@@ -227,7 +239,7 @@ impl Wakeups {
         let handles: Vec<HubHandle> = self
             .hubs
             .iter()
-            .filter_map(|hub| hub.handle(&self.channels))
+            .filter_map(|hub| hub.handle(&self.channels, &self.spawner))
             .collect();
         let subscription = Subscription {
             channel: entry,
@@ -278,8 +290,8 @@ impl HubHandle {
 }
 
 impl Hub {
-    /// The running hub task, started on lock-core's runtime if none runs.
-    fn handle(&self, channels: &Arc<Channels>) -> Option<HubHandle> {
+    /// The running hub task, started by `spawner` if none runs.
+    fn handle(&self, channels: &Arc<Channels>, spawner: &Spawner) -> Option<HubHandle> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(handle) = live.as_ref()
             && handle.alive.load(Ordering::Acquire)
@@ -296,8 +308,10 @@ impl Hub {
         let channels = Arc::downgrade(channels);
         // Not on the caller's runtime: a waiter on another runtime must
         // hear releases while this one's threads are blocked, and after it
-        // shut down.
-        crate::background::spawn(async move {
+        // shut down. (On a runtime the user gave, that one's: one that shut
+        // down drops the task, `alive` says so, and waiters use their
+        // timers until a hub runs again.)
+        spawner.spawn("lock-core.wakeups", async move {
             let _alive = Alive(alive);
             serve(source, channels, inbox).await;
         });

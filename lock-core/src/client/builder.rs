@@ -5,6 +5,7 @@ use super::LockClient;
 use crate::backend::{
     Backend, ClusterNode, MemoryStore, MinReplicas, Node, Quorum, UserConnection, redact,
 };
+use crate::background::Spawner;
 use crate::backoff::Backoff;
 use crate::client_state::Settings;
 use crate::error::{ErrorKind, LockError};
@@ -28,6 +29,7 @@ use std::time::Duration;
 /// | [`handoff_budget`](Self::handoff_budget) | 250 hand-offs within 10 ms |
 /// | [`min_replicas`](Self::min_replicas) | off |
 /// | [`refuse_evicting_servers`](Self::refuse_evicting_servers) | off: warn |
+/// | [`runtime`](Self::runtime) | lock-core's own threads |
 ///
 /// Where the locks live is chosen by exactly one of: [`url`](Self::url)
 /// once (one server), [`url`](Self::url)/[`urls`](Self::urls) for three or
@@ -59,6 +61,7 @@ pub struct LockClientBuilder {
     handoff: HandoffBudget,
     refuse_evicting: bool,
     native_commands: bool,
+    runtime: Option<tokio::runtime::Handle>,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -80,6 +83,7 @@ impl Default for LockClientBuilder {
             handoff: HandoffBudget::default(),
             refuse_evicting: false,
             native_commands: true,
+            runtime: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -429,6 +433,55 @@ impl LockClientBuilder {
         self
     }
 
+    /// Runs the client's background work on `runtime`, as named tasks
+    /// that tokio-console and `runtime.metrics()` see: the heartbeat that
+    /// renews every held lock (`lock-core.heartbeat`), the releases nobody
+    /// waits for (`lock-core.release`: a guard dropped, a call cut short)
+    /// the subscriber connections that hear releases (`lock-core.wakeups`)
+    /// and the watch that drops an acquisition kept unpolled
+    /// (`lock-core.kept`); the heartbeat's own connection is opened and
+    /// driven there too.
+    /// Without it (the default) they run on lock-core's own threads, one
+    /// `lock-core-heartbeat` thread per client among them. With
+    /// `--cfg tokio_unstable` the tasks carry those names to tokio-console;
+    /// each also runs in a `lock_core_task` tracing span whose `task` field
+    /// is the name.
+    ///
+    /// What the runtime must give, and what happens when it does not (see
+    /// [docs/runtime.md](https://github.com/lock-rs/distributed-lock/blob/main/docs/runtime.md)):
+    ///
+    /// - A free worker every third of a ttl: a task that blocks one worker
+    ///   of a multi-thread runtime holds up no renewal, but one that blocks
+    ///   every worker (or the one thread of a current-thread runtime) holds
+    ///   them all up, and a lock is lost at its validity deadline
+    ///   ([`LossReason::Expired`](crate::LossReason::Expired)). Without this
+    ///   option no task of the user's can hold a renewal up.
+    /// - To outlive its locks: when the runtime shuts down, every lock the
+    ///   client holds is marked lost at once
+    ///   ([`LossReason::RuntimeShutDown`](crate::LossReason::RuntimeShutDown)),
+    ///   and a release it dropped runs on lock-core's runtime instead, so a
+    ///   guard dropped then still lets its key go. Nothing panics.
+    ///
+    /// Any runtime is accepted, of either flavor, with its time and I/O
+    /// drivers on (`enable_all`); one without them panics at its first
+    /// renewal, as any tokio timer does. There is nothing else to check,
+    /// so nothing here fails at [`build`](Self::build).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_core::LockError> {
+    /// // Inside the service's runtime: its handle.
+    /// let client = lock_core::LockClient::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .runtime(tokio::runtime::Handle::current())
+    ///     .build()
+    ///     .await?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
     /// The delay between acquisition attempts.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
@@ -548,6 +601,7 @@ impl LockClientBuilder {
             backoff: self.backoff,
             handoff: self.handoff,
             native: self.native_commands,
+            spawner: self.runtime.clone().map(Spawner::on).unwrap_or_default(),
         }
     }
 
@@ -1032,7 +1086,8 @@ impl fmt::Debug for LockClientBuilder {
             .field("backoff", &self.backoff)
             .field("handoff_budget", &self.handoff)
             .field("refuse_evicting_servers", &self.refuse_evicting)
-            .field("native_commands", &self.native_commands);
+            .field("native_commands", &self.native_commands)
+            .field("runtime", &self.runtime.as_ref().map(|_| "given"));
         // Certificates and the private key are not printed, only whether
         // they were given.
         #[cfg(feature = "tls")]
