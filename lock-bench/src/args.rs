@@ -47,8 +47,9 @@ OPTIONS:
                       test CA as the only root), cluster (3 primaries)
                       (default: plain). Each transport gets its rows and
                       its block of ratios; rows that need plain TCP (raw
-                      floor, rslock) are left out of tls and cluster. The
-                      other workloads run on plain only.
+                      floor, rslock) are left out of tls and cluster. W5
+                      also runs on cluster; the other workloads run on
+                      plain only.
     --rtt MS          W1 and W2 through a proxy that adds this round-trip
                       time, in milliseconds (fractions allowed, 0 to 1000;
                       half of it each way), on plain and tls; the round

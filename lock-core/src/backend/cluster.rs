@@ -337,10 +337,10 @@ impl ClusterNode {
         Ok(primaries)
     }
 
-    /// The slot map known now, when it is fresh (see
-    /// [`settled_primary`](Self::settled_primary)).
-    pub(super) fn settled_map(&self) -> Option<Arc<SlotMap>> {
-        self.routes.current()
+    /// The slot map: the one known now when it is fresh, or else one asked
+    /// for within `limit` (see `Routes::map`); `None` when none came.
+    pub(super) async fn slot_map(&self, limit: Duration) -> Option<Arc<SlotMap>> {
+        self.routes.map(Instant::now() + limit).await.ok()
     }
 
     /// The primary serving `key`'s slot in the map known now, when that

@@ -6,17 +6,18 @@
 //! still run a script per slot, which is why a cluster renews more leases
 //! when it has more primaries.
 //!
-//! Sent through each primary's own connection in the slot map known now,
-//! they follow no redirection: a lease whose slot has no fresh primary, or
-//! whose call answered an error (a slot that moved, `TRYAGAIN` in a
-//! migration, a script flushed), is left for the caller to renew on its
-//! own through the cluster's routing, which follows them.
+//! Sent through each primary's own connection in the slot map (asked for
+//! again when it went stale), they follow no redirection: a lease whose
+//! slot has no primary there, or whose call answered an error (a slot that
+//! moved, `TRYAGAIN` in a migration, a script flushed), is left for the
+//! caller to renew on its own through the cluster's routing, which follows
+//! them, and so is every lease of a pipeline that failed as a whole (its
+//! primary down, or not answering within the round's time).
 
 use super::cluster::{ClusterNode, slot_of};
 use super::commands::{RENEW_WINDOW, ttl_millis};
 use super::{BATCH, Node, RenewOutcome, Renewable, Server};
 use crate::error::LockError;
-use crate::observe;
 use crate::scripts::{self, Eval};
 use futures::StreamExt;
 use redis::aio::ConnectionLike;
@@ -41,7 +42,10 @@ pub(crate) async fn renew_by_primary<R: Renewable>(
     limit: Duration,
 ) -> Vec<Option<RenewOutcome>> {
     let mut answers: Vec<Option<RenewOutcome>> = due.iter().map(|_| None).collect();
-    let Some(map) = cluster.settled_map() else {
+    let started = Instant::now();
+    // A map gone stale (a call that timed out marks it so) is asked for
+    // again here, once for the round, rather than by each lease's call.
+    let Some(map) = cluster.slot_map(limit / 2).await else {
         return answers;
     };
     let mut by_primary: Vec<(Arc<Node>, BySlot)> = Vec::new();
@@ -68,7 +72,7 @@ pub(crate) async fn renew_by_primary<R: Renewable>(
                 .map(move |groups| (primary.clone(), groups))
         })
         .collect();
-    let until = Instant::now() + limit;
+    let until = started + limit;
     let sent: Vec<_> =
         futures::stream::iter(calls.into_iter().map(|(primary, groups)| async move {
             let left = until.saturating_duration_since(Instant::now());
@@ -78,22 +82,14 @@ pub(crate) async fn renew_by_primary<R: Renewable>(
         .buffer_unordered(RENEW_WINDOW * primaries)
         .collect()
         .await;
-    let mut failed: Option<(usize, LockError, usize)> = None;
     for (groups, replies) in sent {
-        match replies {
-            Ok(replies) => hear(&groups, replies, &mut answers),
-            Err(e) => {
-                for &i in groups.iter().flatten() {
-                    answers[i] = Some(RenewOutcome::failed(&e));
-                }
-                let count = groups.iter().map(Vec::len).sum::<usize>();
-                let first = groups.first().and_then(|g| g.first()).copied().unwrap_or(0);
-                failed.get_or_insert((first, e, 0)).2 += count;
-            }
+        // A pipeline that failed as a whole (its primary unreachable, or
+        // not answering in time) leaves its leases to the caller too: the
+        // cluster's routing follows a failover, and with the round's time
+        // spent they fail there at once.
+        if let Ok(replies) = replies {
+            hear(&groups, replies, &mut answers);
         }
-    }
-    if let Some((first, e, count)) = failed {
-        observe::renewal_failed(due[first].name(), count, &e);
     }
     answers
 }
